@@ -1,0 +1,200 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * kvproxyd: EAL init, configuration, node init, lcore launch, control loop
+ * on the main lcore, tear down — the shape of DPDK's l2fwd. EAL options come
+ * first, application options after "--".
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <rte_eal.h>
+#include <rte_errno.h>
+#include <rte_lcore.h>
+#include <rte_log.h>
+
+#include "kvp_core.h"
+#include "kvp_gdr.h"
+#include "kvp_tcp_stage.h"
+#include "kvproxyd.h"
+
+static volatile sig_atomic_t stop;
+
+static void
+on_signal(int sig)
+{
+	(void)sig;
+	stop = 1;
+}
+
+static void
+usage(const char *prog)
+{
+	fprintf(stderr,
+		"usage: %s [EAL options] -- -c CONFIG [--check]\n"
+		"  -c, --config FILE  kvproxyd configuration (libconfig; see conf/kvproxy.conf)\n"
+		"      --check        validate the configuration and exit\n"
+		"EAL: give at least two lcores (main + one worker), e.g. -l 0,1; without\n"
+		"hugepages use --no-huge --no-shconf -m 256; two daemons on one host need\n"
+		"distinct --file-prefix values (or --no-shconf).\n",
+		prog);
+}
+
+/* Pick the transport for this node; explain the choice, refuse what cannot work. */
+static const struct kvp_transport_ops *
+pick_transport(const struct kvp_config *cfg)
+{
+	struct kvp_gdr_rail rails[16];
+	char why[160];
+	int n;
+
+	if (cfg->transport == KVP_TRANSPORT_TCP)
+		return &kvp_tcp_stage_ops;
+	n = kvp_gdr_probe(rails, 16, why, sizeof(why));
+	if (cfg->transport == KVP_TRANSPORT_AUTO) {
+		if (n < 0)
+			KVP_LOG(NOTICE, app, "transport auto: using tcp (%s)", why);
+		else
+			KVP_LOG(NOTICE, app,
+				"transport auto: %d RDMA port(s) found, but the RDMA transport is "
+				"not available in this build; using tcp",
+				n);
+		return &kvp_tcp_stage_ops;
+	}
+	if (n < 0)
+		KVP_LOG(ERR, app, "transport rdma: %s", why);
+	else
+		KVP_LOG(ERR, app, "transport rdma: not available in this build (%d port(s) found)",
+			n);
+	return NULL;
+}
+
+/*
+ * kvproxyd moves data through verbs and sockets, never through DPDK PMDs:
+ * unless the user names PCI devices, keep the EAL away from the host's NICs.
+ */
+static char **
+eal_args(int *argc, char **argv)
+{
+	static char no_pci[] = "--no-pci";
+	char **v = calloc((size_t)*argc + 2, sizeof(*v));
+
+	if (!v)
+		return argv;
+	for (int i = 1; i < *argc && strcmp(argv[i], "--") != 0; i++)
+		if (strcmp(argv[i], "-a") == 0 || strncmp(argv[i], "--allow", 7) == 0 ||
+		    strcmp(argv[i], "-b") == 0 || strncmp(argv[i], "--block", 7) == 0 ||
+		    strcmp(argv[i], "--no-pci") == 0) {
+			free(v);
+			return argv;
+		}
+	v[0] = argv[0];
+	v[1] = no_pci;
+	memcpy(&v[2], &argv[1], sizeof(*v) * (size_t)(*argc - 1));
+	(*argc)++;
+	return v;
+}
+
+int
+main(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		{ "config", required_argument, NULL, 'c' },
+		{ "check", no_argument, NULL, 'k' },
+		{ "help", no_argument, NULL, 'h' },
+		{ NULL, 0, NULL, 0 },
+	};
+	static struct kvp_node node;
+	struct kvp_config cfg;
+	const char *conf = NULL;
+	bool check = false;
+	char err[512];
+	int ret, opt;
+
+	argv = eal_args(&argc, argv);
+	ret = rte_eal_init(argc, argv);
+	if (ret < 0) {
+		fprintf(stderr, "kvproxyd: EAL initialisation failed: %s\n", rte_strerror(rte_errno));
+		return 1;
+	}
+	argc -= ret;
+	argv += ret;
+	kvp_log_init();
+	while ((opt = getopt_long(argc, argv, "c:h", opts, NULL)) != -1) {
+		switch (opt) {
+		case 'c':
+			conf = optarg;
+			break;
+		case 'k':
+			check = true;
+			break;
+		default:
+			usage("kvproxyd");
+			rte_eal_cleanup();
+			return opt == 'h' ? 0 : 2;
+		}
+	}
+	if (!conf || optind != argc) {
+		usage("kvproxyd");
+		rte_eal_cleanup();
+		return 2;
+	}
+	if (kvp_config_load(conf, &cfg, err, sizeof(err)) < 0) {
+		fprintf(stderr, "%s\n", err);
+		rte_eal_cleanup();
+		return 1;
+	}
+	rte_log_set_level_pattern("kvp.*", (uint32_t)cfg.log_level);
+	if (check) {
+		printf("%s: configuration ok (node %s, %u peer(s))\n", conf, cfg.node_id,
+		       cfg.npeers);
+		rte_eal_cleanup();
+		return 0;
+	}
+	if (rte_lcore_count() < 2) {
+		fprintf(stderr, "kvproxyd: needs a main lcore and a worker lcore (e.g. -l 0,1)\n");
+		rte_eal_cleanup();
+		return 1;
+	}
+	const struct kvp_transport_ops *tops = pick_transport(&cfg);
+	if (!tops) {
+		rte_eal_cleanup();
+		return 1;
+	}
+	signal(SIGINT, on_signal);
+	signal(SIGTERM, on_signal);
+	signal(SIGPIPE, SIG_IGN);
+
+	/* The data path runs on one worker lcore; connections and clients all live there. */
+	if (kvp_node_init(&node, &cfg, tops, 1, err, sizeof(err)) < 0) {
+		fprintf(stderr, "kvproxyd: %s\n", err);
+		rte_eal_cleanup();
+		return 1;
+	}
+	unsigned lcore = rte_get_next_lcore(-1, 1, 0);
+	node.workers[0].lcore = lcore;
+	if (rte_lcore_count() > 2)
+		KVP_LOG(WARNING, app, "%u lcores given; this version uses one worker (lcore %u)",
+			rte_lcore_count(), lcore);
+	ret = rte_eal_remote_launch(kvp_worker_loop, &node.workers[0], lcore);
+	if (ret < 0) {
+		fprintf(stderr, "kvproxyd: cannot launch worker on lcore %u\n", lcore);
+		kvp_node_fini(&node);
+		rte_eal_cleanup();
+		return 1;
+	}
+	KVP_LOG(NOTICE, app, "node %s ready: clients %s, admin %s, peers on %s:%u, %u peer(s)",
+		cfg.node_id, cfg.client_socket, cfg.admin_socket, cfg.listen_host, cfg.listen_port,
+		cfg.npeers);
+	while (!stop)
+		kvp_node_poll(&node, 100);
+	KVP_LOG(NOTICE, app, "node %s stopping", cfg.node_id);
+	kvp_node_stop_workers(&node);
+	rte_eal_mp_wait_lcore();
+	kvp_node_fini(&node);
+	rte_eal_cleanup();
+	return 0;
+}

@@ -1,0 +1,67 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * Worker lcore poll loop. One iteration: control messages, client
+ * submissions, transport progress (one io_uring submit), timers. A loop that
+ * finds nothing for poll.idle_us blocks on the worker's doorbell and the
+ * transport's completion fd, so that idle sidecars leave the CPU to others.
+ */
+#include <errno.h>
+#include <poll.h>
+
+#include <rte_pause.h>
+
+#include "kvp_core.h"
+#include "kvproxyd.h"
+
+/* While transfers are in flight, wake at least this often to check deadlines. */
+#define SLEEP_BUSY_MS 1
+#define SLEEP_IDLE_MS 100
+
+static void
+worker_sleep(struct kvp_worker *w)
+{
+	if (!kvp_worker_prepare_sleep(w))
+		return;
+	struct pollfd pfd[2] = {
+		{ .fd = w->evfd, .events = POLLIN },
+		{ .fd = w->tops->sleep_fd(w->tctx), .events = POLLIN },
+	};
+	int timeout = w->nfree < w->nxfers ? SLEEP_BUSY_MS : SLEEP_IDLE_MS;
+
+	poll(pfd, 2, timeout);
+	kvp_worker_finish_sleep(w);
+	KVP_STAT_ADD(w->stats.sleeps, 1);
+}
+
+int
+kvp_worker_loop(void *arg)
+{
+	struct kvp_worker *w = arg;
+	uint64_t prev = kvp_mono_ns(), idle_since = prev;
+
+	KVP_LOG(INFO, app, "worker %u running on lcore %u (%s transport, %s)", w->idx, w->lcore,
+		w->tops->name, w->cfg->busy_poll ? "busy-poll" : "adaptive polling");
+	while (!w->quit) {
+		int work = kvp_worker_inbox(w);
+
+		work += kvp_worker_poll_chans(w);
+		work += w->tops->progress(w->tctx);
+		uint64_t now = kvp_mono_ns();
+		work += kvp_worker_timers(w, now);
+
+		KVP_STAT_ADD(w->stats.loops, 1);
+		if (work) {
+			KVP_STAT_ADD(w->stats.busy_ns, now - prev);
+			idle_since = now;
+		} else {
+			KVP_STAT_ADD(w->stats.idle_ns, now - prev);
+			if (!w->cfg->busy_poll && now - idle_since >= (uint64_t)w->cfg->idle_us * 1000)
+				worker_sleep(w);
+			else
+				rte_pause();
+		}
+		prev = now;
+	}
+	KVP_LOG(INFO, app, "worker %u stopped", w->idx);
+	return 0;
+}

@@ -1,0 +1,142 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * libkvproxy: the client library an inference worker links to hand KV
+ * segments to its local kvproxyd and to learn when they have landed.
+ *
+ * Threading: a struct kvp_client may be used by one submitting thread and
+ * one completion thread at a time (the rings are SPSC); control calls
+ * (register, deregister, peer lookup) are serialised by the caller.
+ *
+ * Ownership: memory passed in a submitted transfer belongs to kvproxy until
+ * that transfer's KVP_CQE_DONE completion has been read; the caller must not
+ * modify it before. Nothing on the submit or completion path allocates.
+ * Plain C, no DPDK: the ABI is lib/rings/kvp_rings.h.
+ */
+#ifndef KVPROXY_H
+#define KVPROXY_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvp_rings.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct kvp_client;
+
+/** One segment of a transfer (see struct kvp_sqe_seg). */
+struct kvp_segment {
+	uint64_t src_key;
+	uint64_t src_off;
+	uint64_t dst_key;
+	uint64_t dst_off;
+	uint64_t len;
+};
+
+/** Transfer header for kvp_submit(). */
+struct kvp_xfer_desc {
+	uint64_t user_id;    /**< echoed in the completion; unique among in-flight transfers */
+	uint16_t peer;	     /**< from kvp_peer_lookup() */
+	uint64_t timeout_ns; /**< relative deadline, 0 = daemon default */
+};
+
+/**
+ * Connect to kvproxyd and map the channel.
+ *
+ * @param sock_path  the daemon's client socket
+ * @param sq_entries, cq_entries  ring sizes (powers of two), 0 = daemon default
+ * @param out  the new client
+ * @return 0; -ENOENT/-ECONNREFUSED if no daemon listens; -EPROTO on a
+ *   protocol mismatch; -ENOMEM; other negative errno from the socket
+ */
+int kvp_connect(const char *sock_path, uint32_t sq_entries, uint32_t cq_entries,
+		struct kvp_client **out);
+
+/** Disconnect; the daemon reclaims the channel, regions and in-flight transfers. */
+void kvp_close(struct kvp_client *c);
+
+/** The reason text of the last failed control call (never NULL). */
+const char *kvp_last_error(const struct kvp_client *c);
+
+/** Name of the node this client is connected to. */
+const char *kvp_node_id(const struct kvp_client *c);
+
+/** Most segments the daemon accepts in one transfer. */
+uint32_t kvp_max_segments(const struct kvp_client *c);
+
+/**
+ * Register [fd_offset, fd_offset+len) of a shareable fd (memfd, shm,
+ * hugetlbfs) as a region; the daemon maps it once.
+ *
+ * @param flags  KVP_REGION_HOST
+ * @param key    the region key, to name it in segments (source) or to give
+ *   to a prefill node (destination)
+ * @return 0; -EINVAL (bad range, unmappable fd); -ENOSPC (region table
+ *   full); -EPIPE if the daemon went away
+ */
+int kvp_region_register(struct kvp_client *c, int fd, uint64_t fd_offset, uint64_t len,
+			uint32_t flags, uint64_t *key);
+
+/**
+ * Deregister a region.
+ *
+ * @return 0; -ENOENT (not this client's key); -EBUSY (transfers still use it)
+ */
+int kvp_region_deregister(struct kvp_client *c, uint64_t key);
+
+/**
+ * Resolve a peer's node id to the index used in kvp_xfer_desc.peer.
+ *
+ * @return 0; -ENOENT if the node is not a configured peer
+ */
+int kvp_peer_lookup(struct kvp_client *c, const char *node_id, uint16_t *peer);
+
+/**
+ * Submit one transfer (header and segments published atomically).
+ *
+ * @return 0; -EAGAIN if the submission ring is full (reap completions and
+ *   retry); -EINVAL if nseg is 0 or above kvp_max_segments(); -EPROTO if
+ *   the channel is corrupt
+ */
+int kvp_submit(struct kvp_client *c, const struct kvp_xfer_desc *x,
+	       const struct kvp_segment *segs, uint32_t nseg);
+
+/** Ask the daemon to cancel an in-flight transfer; its completion follows. */
+int kvp_cancel(struct kvp_client *c, uint64_t user_id);
+
+/**
+ * Reap up to @p max completions without blocking.
+ *
+ * @return completions copied (0 if none); -EPROTO if the channel is corrupt
+ */
+int kvp_poll(struct kvp_client *c, struct kvp_cqe *out, uint32_t max);
+
+/**
+ * Like kvp_poll(), but block up to @p timeout_ms (-1 = forever) for at
+ * least one completion.
+ *
+ * @return completions copied; 0 on timeout; -EPIPE if the daemon went away;
+ *   -EPROTO
+ */
+int kvp_wait(struct kvp_client *c, struct kvp_cqe *out, uint32_t max, int timeout_ms);
+
+/** Completions the daemon had to drop because the completion ring was full. */
+uint32_t kvp_overflow(const struct kvp_client *c);
+
+/**
+ * Allocate @p len bytes of shareable host memory (a memfd, mapped here).
+ *
+ * @return 0 with *fd and *addr set; negative errno
+ */
+int kvp_host_alloc(size_t len, int *fd, void **addr);
+
+/** Free memory from kvp_host_alloc(). */
+void kvp_host_free(int fd, void *addr, size_t len);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KVPROXY_H */

@@ -1,0 +1,383 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * Client socket (main lcore): HELLO creates the client's channel and hands
+ * it to a worker; REG/DEREG manage regions; PEER_LOOKUP resolves node ids.
+ * Every request gets a reply with an errno and a reason; a client that
+ * breaks the protocol is disconnected and its resources reclaimed.
+ */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <rte_mempool.h>
+
+#include "kvp_core.h"
+
+#define MAX_RING_ENTRIES (1u << 16)
+
+static int
+send_reply(struct kvp_client *c, struct kvp_ctrl_rep *rep, const int *fds, unsigned nfds)
+{
+	union {
+		struct cmsghdr h;
+		char buf[CMSG_SPACE(sizeof(int) * 4)];
+	} u;
+	struct iovec iov = { .iov_base = rep, .iov_len = sizeof(*rep) };
+	struct msghdr msg = { .msg_iov = &iov, .msg_iovlen = 1 };
+
+	if (nfds) {
+		memset(&u, 0, sizeof(u));
+		msg.msg_control = u.buf;
+		msg.msg_controllen = CMSG_SPACE(sizeof(int) * nfds);
+		struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
+		cm->cmsg_level = SOL_SOCKET;
+		cm->cmsg_type = SCM_RIGHTS;
+		cm->cmsg_len = CMSG_LEN(sizeof(int) * nfds);
+		memcpy(CMSG_DATA(cm), fds, sizeof(int) * nfds);
+	}
+	/* 256 bytes into an idle stream socket: a short write means the client is gone. */
+	ssize_t r = sendmsg(c->sock, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+	return r == (ssize_t)sizeof(*rep) ? 0 : -EPIPE;
+}
+
+static void __attribute__((format(printf, 3, 4)))
+rep_error(struct kvp_ctrl_rep *rep, int err, const char *fmt, ...)
+{
+	va_list ap;
+
+	rep->err = err;
+	va_start(ap, fmt);
+	vsnprintf(rep->errmsg, sizeof(rep->errmsg), fmt, ap);
+	va_end(ap);
+}
+
+static bool
+ring_size_ok(uint32_t v)
+{
+	return v >= 2 && v <= MAX_RING_ENTRIES && (v & (v - 1)) == 0;
+}
+
+static void
+do_hello(struct kvp_node *n, struct kvp_client *c, const struct kvp_ctrl_req *req,
+	 struct kvp_ctrl_rep *rep)
+{
+	uint32_t sqn = req->u.hello.sq_entries ? req->u.hello.sq_entries : n->cfg.sq_entries;
+	uint32_t cqn = req->u.hello.cq_entries ? req->u.hello.cq_entries : n->cfg.cq_entries;
+	struct kvp_chan *ch = NULL;
+	int memfd = -1;
+
+	if (c->state != KVP_CL_OPEN) {
+		rep_error(rep, -EALREADY, "HELLO already done on this connection");
+		return;
+	}
+	if (!ring_size_ok(sqn) || !ring_size_ok(cqn)) {
+		rep_error(rep, -EINVAL, "ring sizes must be powers of two in [2, %u]",
+			  MAX_RING_ENTRIES);
+		return;
+	}
+	size_t len = kvp_chan_size(sqn, cqn);
+	ch = calloc(1, sizeof(*ch));
+	memfd = memfd_create("kvp-chan", MFD_CLOEXEC);
+	if (!ch || memfd < 0 || ftruncate(memfd, (off_t)len) < 0)
+		goto err_sys;
+	ch->mem = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, memfd, 0);
+	if (ch->mem == MAP_FAILED) {
+		ch->mem = NULL;
+		goto err_sys;
+	}
+	ch->len = len;
+	ch->notify_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+	if (ch->notify_fd < 0)
+		goto err_unmap;
+	ch->id = c->id;
+	ch->pid = req->u.hello.pid;
+	kvp_chan_init(ch->mem, len, sqn, cqn, c->id);
+	kvp_chan_attach(ch->mem, len, true, &ch->sq, &ch->cq);
+
+	c->worker = n->next_worker++ % n->nworkers;
+	struct kvp_msg *m = kvp_node_msg(n, KVP_MSG_CHAN_ADD);
+	if (!m)
+		goto err_close_notify;
+	m->chan = ch;
+
+	rep->u.hello.chan_size = len;
+	rep->u.hello.client_id = c->id;
+	rep->u.hello.max_segs = n->cfg.max_segments < sqn - 1 ? n->cfg.max_segments : sqn - 1;
+	snprintf(rep->u.hello.node_id, sizeof(rep->u.hello.node_id), "%s", n->cfg.node_id);
+	int fds[3] = { memfd, n->workers[c->worker].evfd, ch->notify_fd };
+	if (send_reply(c, rep, fds, 3) < 0) {
+		rte_mempool_put(n->msg_pool, m);
+		goto err_close_notify;
+	}
+	close(memfd);
+	c->chan = ch;
+	c->pid = req->u.hello.pid;
+	c->state = KVP_CL_ACTIVE;
+	kvp_node_send(n, c->worker, m);
+	KVP_LOG(INFO, core, "client %u (pid %d) connected: sq %u cq %u, worker %u", c->id, c->pid,
+		sqn, cqn, c->worker);
+	rep->op = 0; /* already replied */
+	return;
+
+err_close_notify:
+	close(ch->notify_fd);
+err_unmap:
+	munmap(ch->mem, len);
+err_sys:
+	rep_error(rep, -ENOMEM, "cannot create the channel: %s", strerror(errno ? errno : ENOMEM));
+	if (memfd >= 0)
+		close(memfd);
+	free(ch);
+}
+
+static void
+do_reg(struct kvp_node *n, struct kvp_client *c, const struct kvp_ctrl_req *req,
+       struct kvp_ctrl_rep *rep)
+{
+	int fd = c->pending_fd;
+	int rc;
+
+	c->pending_fd = -1;
+	if (c->state != KVP_CL_ACTIVE) {
+		rep_error(rep, -EPROTO, "HELLO first");
+	} else if (fd < 0) {
+		rep_error(rep, -EBADF, "REG needs the region's fd attached");
+	} else {
+		rc = kvp_region_add(&n->regions, c->id, fd, req->u.reg.fd_offset, req->u.reg.len,
+				    req->u.reg.flags, &rep->u.reg.key);
+		if (rc == -ENOSPC)
+			rep_error(rep, rc, "region table full (limits.max_regions = %u)",
+				  n->cfg.max_regions);
+		else if (rc == -EINVAL)
+			rep_error(rep, rc,
+				  "cannot map offset %" PRIu64 " length %" PRIu64
+				  " (flags %#x): empty, beyond the end of the fd, or not host memory",
+				  req->u.reg.fd_offset, req->u.reg.len, req->u.reg.flags);
+		else if (rc < 0)
+			rep_error(rep, rc, "cannot map region: %s", strerror(-rc));
+	}
+	if (fd >= 0)
+		close(fd); /* the mapping keeps the memory */
+}
+
+static void
+handle_req(struct kvp_node *n, struct kvp_client *c, const struct kvp_ctrl_req *req)
+{
+	struct kvp_ctrl_rep rep;
+	int rc;
+
+	memset(&rep, 0, sizeof(rep));
+	rep.magic = KVP_CTRL_MAGIC;
+	rep.op = req->op;
+	rep.seq = req->seq;
+	if (req->magic != KVP_CTRL_MAGIC || req->abi_version != KVP_ABI_VERSION) {
+		rep_error(&rep, -EPROTO, "bad magic or ABI version %u (daemon speaks %u)",
+			  req->abi_version, KVP_ABI_VERSION);
+		send_reply(c, &rep, NULL, 0);
+		kvp_client_drop(n, c, "protocol mismatch");
+		return;
+	}
+	switch (req->op) {
+	case KVP_CTRL_HELLO:
+		do_hello(n, c, req, &rep);
+		break;
+	case KVP_CTRL_REG:
+		do_reg(n, c, req, &rep);
+		break;
+	case KVP_CTRL_DEREG:
+		rc = kvp_region_remove(&n->regions, req->u.dereg.key, c->id);
+		if (rc == -ENOENT)
+			rep_error(&rep, rc, "no region %016" PRIx64 " of this client",
+				  req->u.dereg.key);
+		else if (rc == -EBUSY)
+			rep_error(&rep, rc, "region %016" PRIx64 " is used by transfers in flight",
+				  req->u.dereg.key);
+		break;
+	case KVP_CTRL_PEER_LOOKUP: {
+		char id[KVP_NODE_ID_MAX];
+
+		memcpy(id, req->u.peer.node_id, sizeof(id));
+		id[sizeof(id) - 1] = '\0';
+		rc = kvp_config_peer_index(&n->cfg, id);
+		if (rc < 0)
+			rep_error(&rep, -ENOENT, "'%s' is not a configured peer of %s", id,
+				  n->cfg.node_id);
+		else
+			rep.u.peer.peer = (uint16_t)rc;
+		break;
+	}
+	default:
+		rep_error(&rep, -EOPNOTSUPP, "unknown request %u", req->op);
+		break;
+	}
+	if (rep.op != 0 && send_reply(c, &rep, NULL, 0) < 0)
+		kvp_client_drop(n, c, "reply failed");
+}
+
+void
+kvp_client_accept(struct kvp_node *n)
+{
+	int fd = accept4(n->client_lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+	struct ucred cred;
+	socklen_t clen = sizeof(cred);
+
+	if (fd < 0)
+		return;
+	/* Only our own user (or root) may hand us memory. */
+	if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &clen) < 0 ||
+	    (cred.uid != geteuid() && cred.uid != 0)) {
+		KVP_LOG(WARNING, core, "client connection from uid %u refused", cred.uid);
+		close(fd);
+		return;
+	}
+	for (uint32_t i = 0; i < n->cfg.max_clients; i++) {
+		struct kvp_client *c = &n->clients[i];
+
+		if (c->state != KVP_CL_FREE)
+			continue;
+		/* The generation makes a stale id of a departed client never match. */
+		uint16_t gen = (uint16_t)(c->gen + 1);
+
+		memset(c, 0, sizeof(*c));
+		c->gen = gen;
+		c->id = i | ((uint32_t)gen << 16);
+		c->state = KVP_CL_OPEN;
+		c->sock = fd;
+		c->pending_fd = -1;
+		n->nclients++;
+		kvp_node_watch(n, fd, EPOLLIN | EPOLLRDHUP, KVP_EP_CLIENT, i);
+		return;
+	}
+	KVP_LOG_RL(WARNING, core, "client refused: limits.max_clients (%u) reached",
+		   n->cfg.max_clients);
+	close(fd);
+}
+
+void
+kvp_client_input(struct kvp_node *n, uint32_t slot)
+{
+	struct kvp_client *c = &n->clients[slot];
+	union {
+		struct cmsghdr h;
+		char buf[CMSG_SPACE(sizeof(int) * 4)];
+	} u;
+
+	while (c->state == KVP_CL_OPEN || c->state == KVP_CL_ACTIVE) {
+		struct iovec iov = { .iov_base = c->rbuf + c->rlen,
+				     .iov_len = sizeof(c->rbuf) - c->rlen };
+		struct msghdr msg = { .msg_iov = &iov,
+				      .msg_iovlen = 1,
+				      .msg_control = u.buf,
+				      .msg_controllen = sizeof(u.buf) };
+		ssize_t r = recvmsg(c->sock, &msg, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+
+		if (r < 0 && (errno == EAGAIN || errno == EINTR))
+			return;
+		if (r <= 0) {
+			kvp_client_drop(n, c, r == 0 ? "disconnected" : strerror(errno));
+			return;
+		}
+		for (struct cmsghdr *cm = CMSG_FIRSTHDR(&msg); cm; cm = CMSG_NXTHDR(&msg, cm)) {
+			if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS)
+				continue;
+			int nfd = (int)((cm->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+			int fds[4];
+
+			memcpy(fds, CMSG_DATA(cm), sizeof(int) * (size_t)nfd);
+			for (int k = 0; k < nfd; k++) {
+				/* One fd per request; extras are a client bug, not a leak. */
+				if (c->pending_fd < 0)
+					c->pending_fd = fds[k];
+				else
+					close(fds[k]);
+			}
+		}
+		c->rlen += (uint32_t)r;
+		if (c->rlen == sizeof(c->rbuf)) {
+			struct kvp_ctrl_req req;
+
+			memcpy(&req, c->rbuf, sizeof(req));
+			c->rlen = 0;
+			handle_req(n, c, &req);
+		}
+	}
+}
+
+static void
+client_release(struct kvp_node *n, struct kvp_client *c)
+{
+	if (c->chan) {
+		munmap(c->chan->mem, c->chan->len);
+		close(c->chan->notify_fd);
+		free(c->chan);
+		c->chan = NULL;
+	}
+	kvp_region_remove_owner(&n->regions, c->id);
+	c->state = KVP_CL_FREE;
+	n->nclients--;
+}
+
+void
+kvp_client_drop(struct kvp_node *n, struct kvp_client *c, const char *why)
+{
+	if (c->state != KVP_CL_OPEN && c->state != KVP_CL_ACTIVE)
+		return;
+	KVP_LOG(INFO, core, "client %u (pid %d) %s", c->id, c->pid, why);
+	kvp_node_unwatch(n, c->sock);
+	close(c->sock);
+	c->sock = -1;
+	if (c->pending_fd >= 0) {
+		close(c->pending_fd);
+		c->pending_fd = -1;
+	}
+	if (c->state == KVP_CL_ACTIVE) {
+		struct kvp_msg *m = kvp_node_msg(n, KVP_MSG_CHAN_DEL);
+
+		c->state = KVP_CL_DETACHING;
+		if (m) {
+			m->chan = c->chan;
+			if (kvp_node_send(n, c->worker, m) == 0)
+				return;
+		}
+		/* The worker cannot be told: keep the slot rather than free what it uses. */
+		KVP_LOG(ERR, core, "client %u: cannot reach worker %u; slot leaked", c->id,
+			c->worker);
+		return;
+	}
+	client_release(n, c);
+}
+
+static struct kvp_client *
+client_of_chan(struct kvp_node *n, const struct kvp_chan *ch)
+{
+	uint32_t slot = kvp_client_slot(ch->id);
+
+	if (slot >= n->cfg.max_clients || n->clients[slot].chan != ch)
+		return NULL;
+	return &n->clients[slot];
+}
+
+void
+kvp_client_gone(struct kvp_node *n, struct kvp_chan *ch)
+{
+	struct kvp_client *c = client_of_chan(n, ch);
+
+	if (c && c->state == KVP_CL_DETACHING)
+		client_release(n, c);
+}
+
+void
+kvp_client_broken(struct kvp_node *n, struct kvp_chan *ch)
+{
+	struct kvp_client *c = client_of_chan(n, ch);
+
+	if (c)
+		kvp_client_drop(n, c, "broke the ring protocol; disconnected");
+}

@@ -1,0 +1,396 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * Configuration: one table drives parsing, defaults, bounds and the dump
+ * (the shape of Redis' standardConfig). Unknown keys are errors, and every
+ * error reads "FILE:LINE: message".
+ */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <libconfig.h>
+
+#include "kvp_core.h"
+
+enum ctype {
+	CT_STR,	      /* char[size] */
+	CT_U32,	      /* uint32_t in [min, max] */
+	CT_BOOL,      /* bool */
+	CT_HOSTPORT,  /* "host:port" into listen_host/listen_port */
+	CT_TRANSPORT, /* "tcp" | "rdma" | "auto" */
+	CT_LOGLEVEL,  /* rte_log level name */
+};
+
+struct conf_row {
+	const char *path;
+	enum ctype type;
+	size_t off;
+	size_t size;
+	uint32_t min;
+	uint32_t max;
+	uint32_t idef;
+	const char *sdef;
+};
+
+#define F(field) offsetof(struct kvp_config, field), sizeof(((struct kvp_config *)0)->field)
+#define U32(p, field, lo, hi, d) { p, CT_U32, F(field), lo, hi, d, NULL }
+#define STR(p, field, d)	 { p, CT_STR, F(field), 0, 0, 0, d }
+
+static const struct conf_row rows[] = {
+	STR("node_id", node_id, ""),
+	STR("client_socket", client_socket, "/run/kvproxy/kvproxy.sock"),
+	STR("admin_socket", admin_socket, "/run/kvproxy/admin.sock"),
+	{ "listen", CT_HOSTPORT, F(listen_host), 0, 0, 0, "0.0.0.0:7400" },
+	{ "transport", CT_TRANSPORT, F(transport), 0, 0, 0, "tcp" },
+	{ "log_level", CT_LOGLEVEL, F(log_level), 0, 0, 0, "info" },
+	U32("limits.max_clients", max_clients, 1, 1024, 16),
+	U32("limits.max_regions", max_regions, 1, 65535, 1024),
+	U32("limits.max_inflight", max_inflight, 1, 65536, 256),
+	U32("limits.max_segments", max_segments, 1, KVP_XFER_SEGS_MAX, 1024),
+	U32("limits.sq_entries", sq_entries, 2, 1u << 20, 4096),
+	U32("limits.cq_entries", cq_entries, 2, 1u << 20, 1024),
+	U32("timeouts.default_ms", default_timeout_ms, 1, 3600000, 30000),
+	U32("timeouts.connect_ms", connect_timeout_ms, 10, 600000, 1000),
+	U32("timeouts.peer_ms", peer_timeout_ms, 10, 600000, 1000),
+	U32("timeouts.reconnect_ms", reconnect_ms, 1, 60000, 200),
+	{ "poll.busy", CT_BOOL, F(busy_poll), 0, 0, 0, NULL },
+	U32("poll.idle_us", idle_us, 0, 10000000, 200),
+	U32("tcp.frame_max", tcp_frame_max, 4096, 1u << 30, 4u << 20),
+	U32("tcp.rx_buffer", tcp_rx_buffer, 4096, 1u << 30, 256u << 10),
+	U32("tcp.tx_frames", tcp_tx_frames, 8, 65536, 512),
+	U32("tcp.send_iov", tcp_send_iov, 2, 512, 64),
+};
+
+#define NROWS (sizeof(rows) / sizeof(rows[0]))
+
+struct errctx {
+	const char *path;
+	char *buf;
+	size_t len;
+};
+
+static int __attribute__((format(printf, 3, 4)))
+fail_at(struct errctx *e, const config_setting_t *s, const char *fmt, ...)
+{
+	const char *file = s ? config_setting_source_file(s) : NULL;
+	unsigned line = s ? config_setting_source_line(s) : 0;
+	int n = snprintf(e->buf, e->len, "%s:%u: ", file ? file : e->path, line);
+	va_list ap;
+
+	if (n < 0 || (size_t)n >= e->len)
+		return -EINVAL;
+	va_start(ap, fmt);
+	vsnprintf(e->buf + n, e->len - (size_t)n, fmt, ap);
+	va_end(ap);
+	return -EINVAL;
+}
+
+static int
+parse_hostport(const char *s, char *host, size_t hlen, uint16_t *port)
+{
+	const char *colon = strrchr(s, ':');
+	char *end;
+
+	if (!colon || colon == s || (size_t)(colon - s) >= hlen)
+		return -EINVAL;
+	unsigned long p = strtoul(colon + 1, &end, 10);
+	if (*end != '\0' || colon[1] == '\0' || p == 0 || p > 65535)
+		return -EINVAL;
+	memcpy(host, s, (size_t)(colon - s));
+	host[colon - s] = '\0';
+	*port = (uint16_t)p;
+	return 0;
+}
+
+static int
+parse_transport(const char *s)
+{
+	if (strcmp(s, "tcp") == 0)
+		return KVP_TRANSPORT_TCP;
+	if (strcmp(s, "rdma") == 0)
+		return KVP_TRANSPORT_RDMA;
+	if (strcmp(s, "auto") == 0)
+		return KVP_TRANSPORT_AUTO;
+	return -EINVAL;
+}
+
+/* Apply a string value to a row; shared by defaults and the file. */
+static int
+set_str(struct kvp_config *cfg, const struct conf_row *r, const char *v, const char **why)
+{
+	char *dst = (char *)cfg + r->off;
+	int t;
+
+	switch (r->type) {
+	case CT_STR:
+		if (strlen(v) >= r->size) {
+			*why = "string too long";
+			return -EINVAL;
+		}
+		strcpy(dst, v);
+		return 0;
+	case CT_HOSTPORT:
+		if (parse_hostport(v, cfg->listen_host, sizeof(cfg->listen_host),
+				   &cfg->listen_port) < 0) {
+			*why = "expected \"host:port\"";
+			return -EINVAL;
+		}
+		return 0;
+	case CT_TRANSPORT:
+		t = parse_transport(v);
+		if (t < 0) {
+			*why = "expected \"tcp\", \"rdma\" or \"auto\"";
+			return -EINVAL;
+		}
+		cfg->transport = t;
+		return 0;
+	case CT_LOGLEVEL:
+		t = kvp_log_level_parse(v);
+		if (t < 0) {
+			*why = "expected a log level (emerg..debug)";
+			return -EINVAL;
+		}
+		cfg->log_level = t;
+		return 0;
+	default:
+		*why = "not a string setting";
+		return -EINVAL;
+	}
+}
+
+void
+kvp_config_defaults(struct kvp_config *cfg)
+{
+	const char *why;
+
+	memset(cfg, 0, sizeof(*cfg));
+	for (size_t i = 0; i < NROWS; i++) {
+		const struct conf_row *r = &rows[i];
+
+		if (r->type == CT_U32)
+			*(uint32_t *)((char *)cfg + r->off) = r->idef;
+		else if (r->type == CT_BOOL)
+			*(bool *)((char *)cfg + r->off) = r->idef != 0;
+		else
+			set_str(cfg, r, r->sdef, &why);
+	}
+}
+
+static const struct conf_row *
+find_row(const char *path)
+{
+	for (size_t i = 0; i < NROWS; i++)
+		if (strcmp(rows[i].path, path) == 0)
+			return &rows[i];
+	return NULL;
+}
+
+static bool
+is_group_prefix(const char *path)
+{
+	size_t n = strlen(path);
+
+	for (size_t i = 0; i < NROWS; i++)
+		if (strncmp(rows[i].path, path, n) == 0 && rows[i].path[n] == '.')
+			return true;
+	return false;
+}
+
+static int
+apply_setting(struct kvp_config *cfg, const struct conf_row *r, config_setting_t *s,
+	      struct errctx *e)
+{
+	const char *why = NULL;
+	int type = config_setting_type(s);
+
+	if (r->type == CT_U32) {
+		long long v;
+
+		if (type != CONFIG_TYPE_INT && type != CONFIG_TYPE_INT64)
+			return fail_at(e, s, "%s: expected an integer", r->path);
+		v = config_setting_get_int64(s);
+		if (v < r->min || v > r->max)
+			return fail_at(e, s, "%s: %lld out of range [%u, %u]", r->path, v, r->min,
+				       r->max);
+		*(uint32_t *)((char *)cfg + r->off) = (uint32_t)v;
+		return 0;
+	}
+	if (r->type == CT_BOOL) {
+		if (type != CONFIG_TYPE_BOOL)
+			return fail_at(e, s, "%s: expected true or false", r->path);
+		*(bool *)((char *)cfg + r->off) = config_setting_get_bool(s);
+		return 0;
+	}
+	if (type != CONFIG_TYPE_STRING)
+		return fail_at(e, s, "%s: expected a string", r->path);
+	if (set_str(cfg, r, config_setting_get_string(s), &why) < 0)
+		return fail_at(e, s, "%s: %s", r->path, why);
+	return 0;
+}
+
+static bool
+valid_node_id(const char *id)
+{
+	if (id[0] == '\0')
+		return false;
+	for (const char *p = id; *p; p++)
+		if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') ||
+		      (*p >= '0' && *p <= '9') || *p == '-' || *p == '_' || *p == '.'))
+			return false;
+	return true;
+}
+
+static int
+load_peers(struct kvp_config *cfg, config_setting_t *list, struct errctx *e)
+{
+	if (!config_setting_is_list(list) && !config_setting_is_array(list))
+		return fail_at(e, list, "peers: expected a list ( { node_id = ...; addr = ...; }, ... )");
+	int n = config_setting_length(list);
+
+	if (n > KVP_PEERS_MAX)
+		return fail_at(e, list, "peers: at most %d peers", KVP_PEERS_MAX);
+	for (int i = 0; i < n; i++) {
+		config_setting_t *g = config_setting_get_elem(list, (unsigned)i);
+		struct kvp_peer_conf *p = &cfg->peers[i];
+		const char *id = NULL, *addr = NULL;
+
+		if (!config_setting_is_group(g))
+			return fail_at(e, g, "peers[%d]: expected a group", i);
+		for (int k = 0; k < config_setting_length(g); k++) {
+			config_setting_t *m = config_setting_get_elem(g, (unsigned)k);
+			const char *name = config_setting_name(m);
+			const char **dst;
+
+			if (strcmp(name, "node_id") == 0)
+				dst = &id;
+			else if (strcmp(name, "addr") == 0)
+				dst = &addr;
+			else
+				return fail_at(e, m, "peers[%d]: unknown key '%s'", i, name);
+			if (config_setting_type(m) != CONFIG_TYPE_STRING)
+				return fail_at(e, m, "peers[%d].%s: expected a string", i, name);
+			*dst = config_setting_get_string(m);
+		}
+		if (!id || !addr)
+			return fail_at(e, g, "peers[%d]: node_id and addr are required", i);
+		if (strlen(id) >= sizeof(p->node_id) || !valid_node_id(id))
+			return fail_at(e, g, "peers[%d]: bad node_id '%s'", i, id);
+		if (parse_hostport(addr, p->host, sizeof(p->host), &p->port) < 0)
+			return fail_at(e, g, "peers[%d]: addr: expected \"host:port\"", i);
+		strcpy(p->node_id, id);
+		if (strcmp(id, cfg->node_id) == 0)
+			return fail_at(e, g, "peers[%d]: '%s' is this node's own id", i, id);
+		for (int j = 0; j < i; j++)
+			if (strcmp(cfg->peers[j].node_id, id) == 0)
+				return fail_at(e, g, "peers[%d]: duplicate node_id '%s'", i, id);
+	}
+	cfg->npeers = (uint32_t)n;
+	return 0;
+}
+
+/* Walk the file and apply every setting; anything not in the table is an error. */
+static int
+walk(struct kvp_config *cfg, config_setting_t *grp, const char *prefix, struct errctx *e)
+{
+	for (int i = 0; i < config_setting_length(grp); i++) {
+		config_setting_t *s = config_setting_get_elem(grp, (unsigned)i);
+		char path[128];
+		const struct conf_row *r;
+		int rc;
+
+		snprintf(path, sizeof(path), "%s%s%s", prefix, prefix[0] ? "." : "",
+			 config_setting_name(s));
+		if (prefix[0] == '\0' && strcmp(path, "peers") == 0)
+			continue; /* after node_id is known */
+		r = find_row(path);
+		if (r) {
+			rc = apply_setting(cfg, r, s, e);
+		} else if (config_setting_is_group(s) && is_group_prefix(path)) {
+			rc = walk(cfg, s, path, e);
+		} else {
+			return fail_at(e, s, "unknown key '%s'", path);
+		}
+		if (rc < 0)
+			return rc;
+	}
+	return 0;
+}
+
+static bool
+pow2(uint32_t v)
+{
+	return (v & (v - 1)) == 0;
+}
+
+int
+kvp_config_load(const char *path, struct kvp_config *cfg, char *err, size_t errlen)
+{
+	struct errctx e = { .path = path, .buf = err, .len = errlen };
+	config_t lc;
+	config_setting_t *root, *peers;
+	int rc = 0;
+
+	kvp_config_defaults(cfg);
+	config_init(&lc);
+	if (config_read_file(&lc, path) != CONFIG_TRUE) {
+		if (config_error_type(&lc) == CONFIG_ERR_FILE_IO) {
+			snprintf(err, errlen, "%s:0: cannot read file", path);
+			rc = -ENOENT;
+		} else {
+			snprintf(err, errlen, "%s:%d: %s",
+				 config_error_file(&lc) ? config_error_file(&lc) : path,
+				 config_error_line(&lc), config_error_text(&lc));
+			rc = -EINVAL;
+		}
+		goto out;
+	}
+	root = config_root_setting(&lc);
+	rc = walk(cfg, root, "", &e);
+	if (rc < 0)
+		goto out;
+	if (!valid_node_id(cfg->node_id)) {
+		rc = fail_at(&e, config_lookup(&lc, "node_id"),
+			     "node_id: required, letters, digits, '-', '_', '.'");
+		goto out;
+	}
+	peers = config_lookup(&lc, "peers");
+	if (peers) {
+		rc = load_peers(cfg, peers, &e);
+		if (rc < 0)
+			goto out;
+	}
+	if (!pow2(cfg->sq_entries) || !pow2(cfg->cq_entries)) {
+		rc = fail_at(&e, config_lookup(&lc, "limits"),
+			     "limits: sq_entries and cq_entries must be powers of two");
+		goto out;
+	}
+	if (cfg->sq_entries <= cfg->max_segments) {
+		rc = fail_at(&e, config_lookup(&lc, "limits"),
+			     "limits: sq_entries (%u) must exceed max_segments (%u)",
+			     cfg->sq_entries, cfg->max_segments);
+		goto out;
+	}
+	if ((uint64_t)cfg->max_inflight * cfg->max_segments > (1u << 24)) {
+		rc = fail_at(&e, config_lookup(&lc, "limits"),
+			     "limits: max_inflight * max_segments must not exceed 16M");
+		goto out;
+	}
+	if (cfg->client_socket[0] == '\0' || cfg->admin_socket[0] == '\0') {
+		rc = fail_at(&e, NULL, "client_socket and admin_socket must be set");
+		goto out;
+	}
+out:
+	config_destroy(&lc);
+	return rc;
+}
+
+int
+kvp_config_peer_index(const struct kvp_config *cfg, const char *node_id)
+{
+	for (uint32_t i = 0; i < cfg->npeers; i++)
+		if (strcmp(cfg->peers[i].node_id, node_id) == 0)
+			return (int)i;
+	return -1;
+}

@@ -1,0 +1,691 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * kvp_core: what every part of kvproxyd shares — configuration, logging,
+ * the region table, the wire protocol between nodes, per-worker statistics
+ * and the transport interface.
+ *
+ * Threading: the configuration and the region table are written only on the
+ * main lcore; worker lcores read regions through kvp_region_get()/put(),
+ * which is safe against concurrent removal (refcount + state re-check).
+ * Statistics are written by one lcore each and read by the main lcore with
+ * relaxed loads.
+ *
+ * Memory: everything here is sized from the configuration at start-up.
+ */
+#ifndef KVP_CORE_H
+#define KVP_CORE_H
+
+#include <assert.h>
+#include <inttypes.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <rte_log.h>
+
+#include "kvp_rings.h"
+
+/* ---- logging ---- */
+
+extern int kvp_logtype_core;
+extern int kvp_logtype_tcp;
+extern int kvp_logtype_gdr;
+extern int kvp_logtype_app;
+
+#define KVP_LOG(level, mod, fmt, ...)                                                      \
+	rte_log(RTE_LOG_##level, kvp_logtype_##mod, "kvp.%s: " fmt "\n", #mod, ##__VA_ARGS__)
+
+/*
+ * Data-path logging: at most one line per second per call site, with the
+ * number of lines suppressed since the last one.
+ */
+#define KVP_LOG_RL(level, mod, fmt, ...)                                                   \
+	do {                                                                               \
+		static uint64_t kvp_rl_last_;                                              \
+		static uint64_t kvp_rl_dropped_;                                           \
+		uint64_t kvp_rl_now_ = kvp_mono_ns();                                      \
+		if (kvp_rl_now_ - kvp_rl_last_ >= 1000000000ull || kvp_rl_last_ == 0) {    \
+			KVP_LOG(level, mod, fmt " (%" PRIu64 " similar suppressed)",       \
+				##__VA_ARGS__, kvp_rl_dropped_);                           \
+			kvp_rl_last_ = kvp_rl_now_;                                        \
+			kvp_rl_dropped_ = 0;                                               \
+		} else {                                                                   \
+			kvp_rl_dropped_++;                                                 \
+		}                                                                          \
+	} while (0)
+
+/** Register the kvp.* log types (idempotent). */
+void kvp_log_init(void);
+
+/**
+ * Set the level of all kvp.* log types by name ("err", "info", "debug", ...).
+ *
+ * @return 0, or -EINVAL for an unknown name
+ */
+int kvp_log_set_level(const char *name);
+
+/** RTE_LOG_* level for a name, or -EINVAL. */
+int kvp_log_level_parse(const char *name);
+
+/** Name of an RTE_LOG_* level. */
+const char *kvp_log_level_name(int level);
+
+/** CLOCK_MONOTONIC in nanoseconds (comparable with the client's submit_ns). */
+uint64_t kvp_mono_ns(void);
+
+/* ---- configuration ---- */
+
+#define KVP_PEERS_MAX 64
+#define KVP_PATH_MAX  108 /* sun_path */
+
+struct kvp_peer_conf {
+	char node_id[KVP_NODE_ID_MAX];
+	char host[64];
+	uint16_t port;
+};
+
+enum kvp_transport_kind {
+	KVP_TRANSPORT_TCP = 0,
+	KVP_TRANSPORT_RDMA,
+	KVP_TRANSPORT_AUTO,
+};
+
+struct kvp_config {
+	char node_id[KVP_NODE_ID_MAX];
+	char client_socket[KVP_PATH_MAX];
+	char admin_socket[KVP_PATH_MAX];
+	char listen_host[64];
+	uint16_t listen_port;
+	int transport; /**< enum kvp_transport_kind */
+	int log_level; /**< RTE_LOG_* */
+
+	uint32_t max_clients;
+	uint32_t max_regions;
+	uint32_t max_inflight;
+	uint32_t max_segments;
+	uint32_t sq_entries;
+	uint32_t cq_entries;
+
+	uint32_t default_timeout_ms;
+	uint32_t connect_timeout_ms;
+	uint32_t peer_timeout_ms;
+	uint32_t reconnect_ms;
+
+	bool busy_poll;
+	uint32_t idle_us;
+
+	uint32_t tcp_frame_max;
+	uint32_t tcp_rx_buffer;
+	uint32_t tcp_tx_frames;
+	uint32_t tcp_send_iov;
+
+	uint32_t npeers;
+	struct kvp_peer_conf peers[KVP_PEERS_MAX];
+};
+
+/** Fill @p cfg with the defaults of every key. */
+void kvp_config_defaults(struct kvp_config *cfg);
+
+/**
+ * Load and validate a libconfig file over the defaults.
+ *
+ * @param err  receives "FILE:LINE: message" on failure
+ * @return 0; -EINVAL on any error (syntax, unknown key, wrong type, out of
+ *   range, missing node_id, bad peer list); -ENOENT if the file is missing
+ */
+int kvp_config_load(const char *path, struct kvp_config *cfg, char *err, size_t errlen);
+
+/** Index of @p node_id among the configured peers, or -1. */
+int kvp_config_peer_index(const struct kvp_config *cfg, const char *node_id);
+
+/* ---- region table ---- */
+
+enum kvp_region_state {
+	KVP_REGION_FREE = 0,
+	KVP_REGION_ACTIVE,
+	KVP_REGION_DEAD, /**< removed; unmapped once refs drops to 0 */
+};
+
+struct kvp_region {
+	_Atomic uint64_t key;
+	_Atomic uint32_t state;
+	_Atomic uint32_t refs; /**< in-flight operations using the mapping */
+	uint8_t *base;
+	uint64_t len;
+	uint32_t owner; /**< client id */
+	uint32_t flags;
+	void *map; /**< what to munmap (page-aligned start) */
+	size_t map_len;
+};
+
+struct kvp_region_table {
+	uint32_t size;
+	uint32_t used;
+	struct kvp_region *slots;
+};
+
+/**
+ * Allocate a table of @p max regions (max <= 65536).
+ *
+ * @return 0, -EINVAL, -ENOMEM
+ */
+int kvp_region_table_init(struct kvp_region_table *t, uint32_t max);
+
+/** Unmap everything and free the table (no lcore may still use it). */
+void kvp_region_table_fini(struct kvp_region_table *t);
+
+/**
+ * Map [off, off+len) of @p fd and publish it under a new random key (main lcore).
+ *
+ * @return 0; -EINVAL (empty or overflowing range, fd not mappable);
+ *   -ENOSPC (table full); -ENOMEM
+ */
+int kvp_region_add(struct kvp_region_table *t, uint32_t owner, int fd, uint64_t off,
+		   uint64_t len, uint32_t flags, uint64_t *key);
+
+/**
+ * Remove one region of @p owner (main lcore).
+ *
+ * @return 0; -ENOENT if @p key is not an active region of @p owner;
+ *   -EBUSY if transfers still use it
+ */
+int kvp_region_remove(struct kvp_region_table *t, uint64_t key, uint32_t owner);
+
+/** Mark every region of @p owner dead (client gone); unmapping is deferred. */
+void kvp_region_remove_owner(struct kvp_region_table *t, uint32_t owner);
+
+/** Unmap dead regions nobody uses any more (main lcore, periodically). @return unmapped */
+unsigned kvp_region_reap(struct kvp_region_table *t);
+
+/** Regions of @p owner still present (active or dead). */
+unsigned kvp_region_count(const struct kvp_region_table *t, uint32_t owner);
+
+/**
+ * Look up an active region and take a reference (any lcore).
+ *
+ * @return the region, or NULL if @p key is unknown or being removed
+ */
+struct kvp_region *kvp_region_get(struct kvp_region_table *t, uint64_t key);
+
+/** Drop a reference taken by kvp_region_get(). */
+static inline void
+kvp_region_put(struct kvp_region *r)
+{
+	/* Pairs with the main lcore's load of refs in reap/remove. */
+	atomic_fetch_sub_explicit(&r->refs, 1, memory_order_release);
+}
+
+/** True if [off, off+len) lies inside the region and len > 0. */
+static inline bool
+kvp_region_contains(const struct kvp_region *r, uint64_t off, uint64_t len)
+{
+	return len > 0 && off <= r->len && len <= r->len - off;
+}
+
+/* ---- wire protocol between nodes (little-endian, TCP control/data stream) ---- */
+
+#define KVP_WIRE_MAGIC	 0x564bu /* "KV" */
+#define KVP_WIRE_VERSION 1u
+
+enum kvp_wire_type {
+	KVP_W_HELLO = 1, /**< payload struct kvp_wire_hello; first frame each way */
+	KVP_W_DATA,	 /**< payload bytes for [off, off+len) of region key */
+	KVP_W_END,	 /**< transfer tag complete: aux = user_id, off = bytes, aux2 = nseg */
+	KVP_W_ACK,	 /**< receiver -> sender: tag landed, aux = enum kvp_status */
+	KVP_W_ABORT,	 /**< sender gave up on tag; receiver forgets it */
+	KVP_W_PING,	 /**< liveness; answered by PONG */
+	KVP_W_PONG,
+	KVP_W_TYPE_MAX
+};
+
+struct kvp_wire_hdr {
+	uint16_t magic;
+	uint8_t version;
+	uint8_t type;
+	uint32_t len;  /**< payload bytes after the header */
+	uint64_t tag;  /**< sender's transfer tag */
+	uint64_t key;  /**< DATA: destination region; END: first destination region */
+	uint64_t off;  /**< DATA: destination offset; END: total bytes */
+	uint64_t aux;  /**< END: user_id; ACK: status */
+	uint32_t aux2; /**< END: segment count */
+	uint32_t rsvd;
+};
+
+static_assert(sizeof(struct kvp_wire_hdr) == 48, "wire ABI");
+
+struct kvp_wire_hello {
+	char node_id[KVP_NODE_ID_MAX]; /**< sender's node id */
+	char to_node[KVP_NODE_ID_MAX]; /**< node id the sender believes it talks to */
+	uint64_t epoch;		       /**< random per connection attempt */
+	uint32_t max_inflight;	       /**< transfers the sender may have in flight */
+	uint32_t frame_max;	       /**< largest DATA payload the sender will send */
+	uint32_t status;	       /**< reply only: 0 or a kvp_hello_err */
+	uint32_t rsvd;
+};
+
+static_assert(sizeof(struct kvp_wire_hello) == 88, "wire ABI");
+
+/**
+ * Check a received header before trusting any field.
+ *
+ * @return 0; -EBADMSG (magic, type), -EPROTONOSUPPORT (version),
+ *   -EMSGSIZE (payload larger than allowed for the type)
+ */
+int kvp_wire_check(const struct kvp_wire_hdr *h, uint32_t frame_max);
+
+/** Fill a header (magic/version set, the rest as given). */
+static inline void
+kvp_wire_hdr_init(struct kvp_wire_hdr *h, uint8_t type, uint32_t len, uint64_t tag)
+{
+	*h = (struct kvp_wire_hdr){ .magic = KVP_WIRE_MAGIC,
+				    .version = KVP_WIRE_VERSION,
+				    .type = type,
+				    .len = len,
+				    .tag = tag };
+}
+
+/* ---- statistics (one writer lcore each) ---- */
+
+struct kvp_peer_stats {
+	uint64_t tx_bytes;
+	uint64_t rx_bytes;
+	uint64_t tx_xfers; /**< transfers sent and acknowledged */
+	uint64_t rx_xfers; /**< transfers landed here from this peer */
+	uint64_t tx_frames;
+	uint64_t rx_frames;
+	uint64_t bad_frames;
+	uint64_t conn_errors;
+};
+
+struct kvp_worker_stats {
+	uint64_t loops;
+	uint64_t busy_ns;
+	uint64_t idle_ns;
+	uint64_t sleeps;
+	uint64_t xfers_submitted;
+	uint64_t xfers_landed;
+	uint64_t completions[KVP_STATUS_MAX];
+	struct kvp_peer_stats peer[KVP_PEERS_MAX];
+};
+
+/** Relaxed read of a counter written by another lcore. */
+#define KVP_STAT_READ(x) __atomic_load_n(&(x), __ATOMIC_RELAXED)
+/** Single-writer increment visible to relaxed readers without tearing. */
+#define KVP_STAT_ADD(x, v) __atomic_store_n(&(x), (x) + (v), __ATOMIC_RELAXED)
+
+
+/* ---- transfers, client channels, workers ---- */
+
+struct kvp_worker;
+struct rte_ring;
+struct rte_mempool;
+
+/** A validated segment; src holds a region reference until the transfer ends. */
+struct kvp_seg {
+	struct kvp_region *src;
+	uint64_t src_off;
+	uint64_t dst_key;
+	uint64_t dst_off;
+	uint64_t len;
+};
+
+/** Timestamps kept per transfer (kvp_mono_ns()). */
+enum kvp_ts {
+	KVP_TS_SUBMIT = 0, /**< client's submit_ns */
+	KVP_TS_PICKUP,
+	KVP_TS_ADMIT,
+	KVP_TS_POSTED, /**< last byte handed to the transport */
+	KVP_TS_ACKED,
+	KVP_TS_MAX
+};
+
+enum kvp_xfer_state {
+	KVP_XS_FREE = 0,
+	KVP_XS_ACTIVE,	 /**< owned by the transport */
+	KVP_XS_BACKLOG, /**< ended; its completion waits for room in the CQ */
+};
+
+/** A transfer in flight on the sending node; slots are preallocated per worker. */
+struct kvp_xfer {
+	uint32_t idx; /**< slot in the worker's table; low half of the wire tag */
+	uint32_t gen; /**< bumped on reuse; high half of the wire tag */
+	uint8_t state;
+	uint16_t peer;
+	int status; /**< first failure seen, KVP_OK otherwise */
+	struct kvp_chan *chan; /**< NULL once the client has gone */
+	uint64_t user_id;
+	uint64_t bytes;
+	uint32_t nseg;
+	struct kvp_seg *segs;
+	uint64_t deadline_ns;
+	uint64_t ts[KVP_TS_MAX];
+	struct kvp_xfer *next; /**< backlog / transport queue link */
+	/* Transport-private progress. */
+	uint32_t t_seg;
+	uint32_t t_frames; /**< frames of this transfer not yet on the wire */
+	uint64_t t_off;
+	uint8_t t_state;
+};
+
+static inline uint64_t
+kvp_xfer_tag(const struct kvp_xfer *x)
+{
+	return ((uint64_t)x->gen << 32) | x->idx;
+}
+
+/** A connected client as its worker sees it. */
+struct kvp_chan {
+	uint32_t id; /**< client id (slot | generation << 16) */
+	int32_t pid;
+	void *mem;
+	size_t len;
+	struct kvp_ring sq;
+	struct kvp_ring cq;
+	int notify_fd; /**< eventfd the client blocks on */
+	uint32_t inflight;
+	bool broken; /**< protocol violation; the main lcore disconnects it */
+	bool broken_sent;
+	struct kvp_xfer *backlog_head;
+	struct kvp_xfer *backlog_tail;
+};
+
+/** Transport capabilities. */
+#define KVP_TCAP_HOST_MEM  0x1u /**< moves host memory */
+#define KVP_TCAP_GPU_DIRECT 0x2u /**< reads/writes GPU memory without staging */
+
+/**
+ * A transport: one instance per worker lcore; every op is called on that
+ * lcore except create/destroy.
+ */
+struct kvp_transport_ops {
+	const char *name;
+	uint32_t caps;
+	/** Create the per-worker instance. @return 0 or negative errno */
+	int (*create)(struct kvp_worker *w, void **tctx);
+	void (*destroy)(void *tctx);
+	/** Take over a handshaken connection (fd ownership passes). @return 0 or negative errno */
+	int (*attach)(void *tctx, uint16_t peer, int fd, bool outgoing, uint64_t epoch);
+	/** Queue an admitted transfer. @return 0; -ENOTCONN (no connection to the peer) */
+	int (*post)(void *tctx, struct kvp_xfer *x);
+	/** Move data and reap completions. @return units of work done (0 = idle) */
+	int (*progress)(void *tctx);
+	/** Abort a transfer; the transport ends it through kvp_worker_xfer_end(). */
+	void (*cancel)(void *tctx, struct kvp_xfer *x, int status);
+	/** Before sleeping: flush submissions; @return an fd that turns readable on work */
+	int (*sleep_fd)(void *tctx);
+	/** Close every connection to @p peer (main lcore asked). */
+	void (*disconnect)(void *tctx, uint16_t peer);
+};
+
+/** Messages between the main lcore and a worker (rte_ring of pointers). */
+enum kvp_msg_type {
+	KVP_MSG_CHAN_ADD = 1, /**< main -> worker: poll this channel */
+	KVP_MSG_CHAN_DEL,     /**< main -> worker: client gone; reply CHAN_GONE */
+	KVP_MSG_CHAN_GONE,    /**< worker -> main: channel no longer referenced */
+	KVP_MSG_CHAN_BROKEN,  /**< worker -> main: client broke the ring protocol */
+	KVP_MSG_CONN_ADD,     /**< main -> worker: handshaken connection */
+	KVP_MSG_CONN_DOWN,    /**< worker -> main: connection closed */
+	KVP_MSG_QUIT,
+};
+
+struct kvp_msg {
+	int type;
+	uint16_t peer;
+	bool outgoing;
+	int fd;
+	uint64_t epoch;
+	struct kvp_chan *chan;
+	char reason[64];
+};
+
+struct kvp_worker {
+	unsigned idx;
+	unsigned lcore;
+	const struct kvp_config *cfg;
+	struct kvp_region_table *regions;
+	const struct kvp_transport_ops *tops;
+	void *tctx;
+	struct rte_ring *inbox;	 /**< from the main lcore */
+	struct rte_ring *outbox; /**< to the main lcore */
+	struct rte_mempool *msg_pool; /**< struct kvp_msg, shared with the main lcore */
+	int evfd;		 /**< doorbell: clients and the main lcore write it */
+	int main_evfd;		 /**< the main lcore's doorbell, rung after an outbox post */
+
+	struct kvp_xfer *xfers;
+	uint32_t nxfers;
+	uint32_t *free_idx;
+	uint32_t nfree;
+	struct kvp_seg *segs; /**< nxfers * max_segments */
+	struct kvp_sqe_seg *sqe_scratch;
+
+	struct kvp_chan **chans; /**< by client slot */
+	uint32_t nchans;
+	uint32_t chan_slots;
+	bool peer_up[KVP_PEERS_MAX];
+
+	uint64_t next_timer_ns;
+	volatile bool quit;
+	struct kvp_worker_stats stats;
+};
+
+/**
+ * Allocate a worker's tables from the configuration (start-up only).
+ *
+ * @return 0, -ENOMEM
+ */
+int kvp_worker_init(struct kvp_worker *w, unsigned idx, const struct kvp_config *cfg,
+		    struct kvp_region_table *regions, const struct kvp_transport_ops *tops,
+		    struct rte_mempool *msg_pool);
+
+/** Free what kvp_worker_init() allocated. */
+void kvp_worker_fini(struct kvp_worker *w);
+
+/** Handle messages from the main lcore. @return messages handled */
+int kvp_worker_inbox(struct kvp_worker *w);
+
+/** Pick up submissions from every channel. @return SQ entries consumed */
+int kvp_worker_poll_chans(struct kvp_worker *w);
+
+/** Fail transfers past their deadline, retry CQ backlogs. @return work done */
+int kvp_worker_timers(struct kvp_worker *w, uint64_t now);
+
+/** Before sleeping: arm every channel's wakeup. @return false if work arrived */
+bool kvp_worker_prepare_sleep(struct kvp_worker *w);
+
+/** After sleeping. */
+void kvp_worker_finish_sleep(struct kvp_worker *w);
+
+/** Transport callback: a transfer has ended (acked or failed). */
+void kvp_worker_xfer_end(struct kvp_worker *w, struct kvp_xfer *x, int status);
+
+/** Transport callback: a transfer from @p peer landed in region @p dst_key of client @p owner. */
+void kvp_worker_landed(struct kvp_worker *w, uint16_t peer, uint32_t owner, uint64_t user_id,
+		       uint64_t dst_key, uint64_t bytes, uint32_t nseg);
+
+/** Transport callback: a connection closed; the main lcore reconnects. */
+void kvp_worker_conn_down(struct kvp_worker *w, uint16_t peer, bool outgoing,
+			  const char *reason);
+
+/** Client slot of a client id (index into kvp_worker.chans). */
+static inline uint32_t
+kvp_client_slot(uint32_t id)
+{
+	return id & 0xffffu;
+}
+
+/* ---- the node: control plane on the main lcore ---- */
+
+enum kvp_peer_link {
+	KVP_LINK_DOWN = 0,
+	KVP_LINK_CONNECTING, /**< TCP connect in progress */
+	KVP_LINK_HELLO,	     /**< connected, handshake in progress */
+	KVP_LINK_UP,	     /**< handed to a worker */
+};
+
+/** Control-plane state of one configured peer. */
+struct kvp_peer {
+	int out_state; /**< enum kvp_peer_link, our outgoing connection */
+	int out_fd;
+	bool in_up; /**< the peer's connection to us is up */
+	uint64_t epoch;
+	uint64_t deadline_ns;  /**< connect/handshake deadline */
+	uint64_t next_try_ns;  /**< reconnect time while down */
+	uint32_t backoff_ms;
+	uint32_t have;	       /**< handshake bytes received */
+	uint8_t buf[sizeof(struct kvp_wire_hdr) + sizeof(struct kvp_wire_hello)];
+	uint64_t connects;
+	uint64_t disconnects;
+	uint64_t handshake_failures;
+	char last_error[96];
+};
+
+/** An accepted peer connection whose HELLO has not arrived yet. */
+struct kvp_pending_conn {
+	int fd;
+	uint64_t deadline_ns;
+	uint32_t have;
+	uint8_t buf[sizeof(struct kvp_wire_hdr) + sizeof(struct kvp_wire_hello)];
+};
+
+enum kvp_client_state {
+	KVP_CL_FREE = 0,
+	KVP_CL_OPEN,	  /**< connected, no channel yet */
+	KVP_CL_ACTIVE,	  /**< channel handed to a worker */
+	KVP_CL_DETACHING, /**< socket closed; waiting for the worker to let go */
+};
+
+/** Control-plane state of one client. */
+struct kvp_client {
+	int state; /**< enum kvp_client_state */
+	uint32_t id;
+	uint16_t gen;
+	int sock;
+	int32_t pid;
+	unsigned worker;
+	struct kvp_chan *chan;
+	int pending_fd; /**< fd received ahead of its message */
+	uint32_t rlen;
+	uint8_t rbuf[KVP_CTRL_MSGLEN];
+};
+
+#define KVP_ADMIN_CONNS	  16
+#define KVP_ADMIN_LINEMAX (64u << 10)
+#define KVP_PENDING_MAX	  16
+
+struct kvp_admin_conn {
+	int fd;
+	uint32_t len;
+	char *buf; /**< KVP_ADMIN_LINEMAX bytes, allocated at start */
+};
+
+struct kvp_node {
+	struct kvp_config cfg;
+	uint64_t start_ns;
+	int epfd;
+	int evfd; /**< workers ring it after posting to their outbox */
+	int client_lfd;
+	int admin_lfd;
+	int peer_lfd;
+	int lock_fd;
+	struct kvp_region_table regions;
+	const struct kvp_transport_ops *tops;
+	struct rte_mempool *msg_pool;
+	struct kvp_worker *workers;
+	unsigned nworkers;
+	unsigned next_worker;
+	struct kvp_client *clients;
+	uint32_t nclients;
+	struct kvp_peer peers[KVP_PEERS_MAX];
+	struct kvp_pending_conn pending[KVP_PENDING_MAX];
+	struct kvp_admin_conn admin[KVP_ADMIN_CONNS];
+	uint64_t bad_handshakes;
+	uint64_t next_reap_ns;
+	volatile bool quit;
+};
+
+/**
+ * Build the node: sockets, region table, message pool, workers and their
+ * transports (not launched). Call after rte_eal_init().
+ *
+ * @param err  receives the reason on failure
+ * @return 0 or negative errno
+ */
+int kvp_node_init(struct kvp_node *n, const struct kvp_config *cfg,
+		  const struct kvp_transport_ops *tops, unsigned nworkers, char *err,
+		  size_t errlen);
+
+/** Run the control plane for up to @p timeout_ms (one epoll round plus timers). */
+void kvp_node_poll(struct kvp_node *n, int timeout_ms);
+
+/** Ask every worker to stop (their loops return). */
+void kvp_node_stop_workers(struct kvp_node *n);
+
+/** Tear down after the workers have returned. */
+void kvp_node_fini(struct kvp_node *n);
+
+/** Post a message to a worker and ring its doorbell. @return 0, -ENOBUFS */
+int kvp_node_send(struct kvp_node *n, unsigned worker, struct kvp_msg *m);
+
+/** A message from the pool (main lcore). NULL if the pool is empty. */
+struct kvp_msg *kvp_node_msg(struct kvp_node *n, int type);
+
+/* client_srv.c */
+void kvp_client_accept(struct kvp_node *n);
+void kvp_client_input(struct kvp_node *n, uint32_t slot);
+void kvp_client_drop(struct kvp_node *n, struct kvp_client *c, const char *why);
+void kvp_client_gone(struct kvp_node *n, struct kvp_chan *ch);
+void kvp_client_broken(struct kvp_node *n, struct kvp_chan *ch);
+
+/* peer.c */
+int kvp_peer_listen(struct kvp_node *n, char *err, size_t errlen);
+void kvp_peer_accept(struct kvp_node *n);
+void kvp_peer_pending_input(struct kvp_node *n, uint32_t slot);
+void kvp_peer_out_event(struct kvp_node *n, uint16_t peer, uint32_t events);
+void kvp_peer_conn_down(struct kvp_node *n, uint16_t peer, bool outgoing, const char *why);
+void kvp_peer_timers(struct kvp_node *n, uint64_t now);
+void kvp_peer_close_all(struct kvp_node *n);
+const char *kvp_peer_state_name(const struct kvp_node *n, uint16_t peer);
+
+/* admin.c */
+void kvp_admin_accept(struct kvp_node *n);
+void kvp_admin_input(struct kvp_node *n, uint32_t slot);
+void kvp_admin_close_all(struct kvp_node *n);
+
+/**
+ * Handle one JSON-RPC request line; the reply (one line, no newline) is
+ * written to @p out. Used by the admin socket and by tests.
+ *
+ * @return reply length; 0 when the request was a notification (no reply)
+ */
+size_t kvp_admin_handle(struct kvp_node *n, const char *line, size_t len, char *out,
+			size_t outlen);
+
+/** Render every metric in Prometheus text format. @return bytes written (truncated at outlen) */
+size_t kvp_stats_prometheus(const struct kvp_node *n, char *out, size_t outlen);
+
+/* epoll tags: kind << 32 | index */
+enum kvp_ep_kind {
+	KVP_EP_EVFD = 1,
+	KVP_EP_CLIENT_LISTEN,
+	KVP_EP_CLIENT,
+	KVP_EP_ADMIN_LISTEN,
+	KVP_EP_ADMIN,
+	KVP_EP_PEER_LISTEN,
+	KVP_EP_PEER_PENDING,
+	KVP_EP_PEER_OUT,
+};
+
+static inline uint64_t
+kvp_ep_tag(enum kvp_ep_kind k, uint32_t idx)
+{
+	return ((uint64_t)k << 32) | idx;
+}
+
+/** Add @p fd to the node's epoll set. @return 0 or negative errno */
+int kvp_node_watch(struct kvp_node *n, int fd, uint32_t events, enum kvp_ep_kind k, uint32_t idx);
+
+/** Remove @p fd from the epoll set. */
+void kvp_node_unwatch(struct kvp_node *n, int fd);
+
+#endif /* KVP_CORE_H */

@@ -1,0 +1,339 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * The node's control plane: one epoll set on the main lcore for the client,
+ * admin and peer sockets, plus the workers' outboxes. Everything sized here
+ * comes from the configuration; nothing grows afterwards.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <rte_lcore.h>
+#include <rte_malloc.h>
+#include <rte_mempool.h>
+#include <rte_ring.h>
+
+#include "kvp_core.h"
+
+#define MSG_POOL_SIZE 4095
+#define REAP_PERIOD_NS 10000000ull
+
+int
+kvp_node_watch(struct kvp_node *n, int fd, uint32_t events, enum kvp_ep_kind k, uint32_t idx)
+{
+	struct epoll_event ev = { .events = events, .data.u64 = kvp_ep_tag(k, idx) };
+
+	if (epoll_ctl(n->epfd, EPOLL_CTL_ADD, fd, &ev) < 0)
+		return -errno;
+	return 0;
+}
+
+void
+kvp_node_unwatch(struct kvp_node *n, int fd)
+{
+	epoll_ctl(n->epfd, EPOLL_CTL_DEL, fd, NULL);
+}
+
+struct kvp_msg *
+kvp_node_msg(struct kvp_node *n, int type)
+{
+	struct kvp_msg *m;
+
+	if (rte_mempool_get(n->msg_pool, (void **)&m) < 0)
+		return NULL;
+	memset(m, 0, sizeof(*m));
+	m->type = type;
+	m->fd = -1;
+	return m;
+}
+
+int
+kvp_node_send(struct kvp_node *n, unsigned worker, struct kvp_msg *m)
+{
+	struct kvp_worker *w = &n->workers[worker];
+	uint64_t one = 1;
+
+	if (rte_ring_enqueue(w->inbox, m) < 0) {
+		rte_mempool_put(n->msg_pool, m);
+		return -ENOBUFS;
+	}
+	if (write(w->evfd, &one, sizeof(one)) < 0) {
+		/* EAGAIN: the counter is saturated; the worker wakes anyway. */
+	}
+	return 0;
+}
+
+/*
+ * Bind a UNIX stream socket, guarded by "<path>.lock" so that a second
+ * daemon configured with the same path fails instead of stealing it.
+ */
+static int
+unix_listen(const char *path, mode_t mode, int *lock_fd, char *err, size_t errlen)
+{
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	char lock[KVP_PATH_MAX + 8];
+	int fd, lfd;
+
+	if (strlen(path) >= sizeof(sa.sun_path)) {
+		snprintf(err, errlen, "%s: socket path too long", path);
+		return -ENAMETOOLONG;
+	}
+	snprintf(lock, sizeof(lock), "%s.lock", path);
+	lfd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+	if (lfd < 0) {
+		snprintf(err, errlen, "%s: %s", lock, strerror(errno));
+		return -errno;
+	}
+	if (flock(lfd, LOCK_EX | LOCK_NB) < 0) {
+		snprintf(err, errlen, "%s: in use by another kvproxyd", path);
+		close(lfd);
+		return -EADDRINUSE;
+	}
+	/* We hold the lock, so an existing socket file is stale. */
+	unlink(path);
+	strcpy(sa.sun_path, path);
+	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	if (fd < 0 || bind(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0 || chmod(path, mode) < 0 ||
+	    listen(fd, 64) < 0) {
+		int e = errno;
+
+		snprintf(err, errlen, "%s: %s", path, strerror(e));
+		if (fd >= 0)
+			close(fd);
+		close(lfd);
+		return -e;
+	}
+	*lock_fd = lfd;
+	return fd;
+}
+
+int
+kvp_node_init(struct kvp_node *n, const struct kvp_config *cfg,
+	      const struct kvp_transport_ops *tops, unsigned nworkers, char *err, size_t errlen)
+{
+	int rc, admin_lock = -1;
+
+	memset(n, 0, sizeof(*n));
+	n->cfg = *cfg;
+	n->tops = tops;
+	n->start_ns = kvp_mono_ns();
+	n->client_lfd = n->admin_lfd = n->peer_lfd = n->lock_fd = n->evfd = n->epfd = -1;
+	for (unsigned i = 0; i < KVP_ADMIN_CONNS; i++)
+		n->admin[i].fd = -1;
+	for (unsigned i = 0; i < KVP_PENDING_MAX; i++)
+		n->pending[i].fd = -1;
+	for (unsigned i = 0; i < KVP_PEERS_MAX; i++)
+		n->peers[i].out_fd = -1;
+
+	rc = kvp_region_table_init(&n->regions, cfg->max_regions);
+	if (rc < 0) {
+		snprintf(err, errlen, "region table: %s", strerror(-rc));
+		return rc;
+	}
+	n->clients = calloc(cfg->max_clients, sizeof(*n->clients));
+	for (unsigned i = 0; i < KVP_ADMIN_CONNS && n->clients; i++) {
+		n->admin[i].buf = malloc(KVP_ADMIN_LINEMAX);
+		if (!n->admin[i].buf) {
+			rc = -ENOMEM;
+			snprintf(err, errlen, "out of memory");
+			goto err;
+		}
+	}
+	n->msg_pool = rte_mempool_create("kvp_msg", MSG_POOL_SIZE, sizeof(struct kvp_msg), 32, 0,
+					 NULL, NULL, NULL, NULL, rte_socket_id(), 0);
+	n->epfd = epoll_create1(EPOLL_CLOEXEC);
+	n->evfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+	if (!n->clients || !n->msg_pool || n->epfd < 0 || n->evfd < 0) {
+		rc = -ENOMEM;
+		snprintf(err, errlen, "control plane resources: %s", strerror(errno ? errno : ENOMEM));
+		goto err;
+	}
+	kvp_node_watch(n, n->evfd, EPOLLIN, KVP_EP_EVFD, 0);
+
+	n->workers = calloc(nworkers, sizeof(*n->workers));
+	if (!n->workers) {
+		rc = -ENOMEM;
+		goto err;
+	}
+	for (unsigned i = 0; i < nworkers; i++) {
+		struct kvp_worker *w = &n->workers[i];
+
+		rc = kvp_worker_init(w, i, &n->cfg, &n->regions, tops, n->msg_pool);
+		if (rc == 0) {
+			w->main_evfd = n->evfd;
+			rc = tops->create(w, &w->tctx);
+		}
+		if (rc < 0) {
+			snprintf(err, errlen, "worker %u (%s transport): %s", i, tops->name,
+				 strerror(-rc));
+			n->nworkers = i + 1;
+			goto err;
+		}
+		n->nworkers = i + 1;
+	}
+
+	rc = unix_listen(cfg->client_socket, 0660, &n->lock_fd, err, errlen);
+	if (rc < 0)
+		goto err;
+	n->client_lfd = rc;
+	rc = unix_listen(cfg->admin_socket, 0660, &admin_lock, err, errlen);
+	if (rc < 0)
+		goto err;
+	n->admin_lfd = rc;
+	/* One lock fd is enough to keep: the admin lock lives as long as the process. */
+	(void)admin_lock;
+	kvp_node_watch(n, n->client_lfd, EPOLLIN, KVP_EP_CLIENT_LISTEN, 0);
+	kvp_node_watch(n, n->admin_lfd, EPOLLIN, KVP_EP_ADMIN_LISTEN, 0);
+	rc = kvp_peer_listen(n, err, errlen);
+	if (rc < 0)
+		goto err;
+	return 0;
+err:
+	kvp_node_fini(n);
+	return rc < 0 ? rc : -ENOMEM;
+}
+
+static void
+drain_outboxes(struct kvp_node *n)
+{
+	uint64_t v;
+
+	if (read(n->evfd, &v, sizeof(v)) < 0) {
+		/* EAGAIN: nothing rang; outboxes are drained anyway. */
+	}
+	for (unsigned i = 0; i < n->nworkers; i++) {
+		struct kvp_msg *msgs[32];
+		unsigned cnt;
+
+		while ((cnt = rte_ring_dequeue_burst(n->workers[i].outbox, (void **)msgs, 32,
+						     NULL)) > 0) {
+			for (unsigned k = 0; k < cnt; k++) {
+				struct kvp_msg *m = msgs[k];
+
+				if (m->type == KVP_MSG_CONN_DOWN)
+					kvp_peer_conn_down(n, m->peer, m->outgoing, m->reason);
+				else if (m->type == KVP_MSG_CHAN_GONE)
+					kvp_client_gone(n, m->chan);
+				else if (m->type == KVP_MSG_CHAN_BROKEN)
+					kvp_client_broken(n, m->chan);
+				rte_mempool_put(n->msg_pool, m);
+			}
+		}
+	}
+}
+
+void
+kvp_node_poll(struct kvp_node *n, int timeout_ms)
+{
+	struct epoll_event evs[32];
+	int cnt = epoll_wait(n->epfd, evs, 32, timeout_ms);
+
+	for (int i = 0; i < cnt; i++) {
+		enum kvp_ep_kind k = (enum kvp_ep_kind)(evs[i].data.u64 >> 32);
+		uint32_t idx = (uint32_t)evs[i].data.u64;
+
+		switch (k) {
+		case KVP_EP_EVFD:
+			drain_outboxes(n);
+			break;
+		case KVP_EP_CLIENT_LISTEN:
+			kvp_client_accept(n);
+			break;
+		case KVP_EP_CLIENT:
+			kvp_client_input(n, idx);
+			break;
+		case KVP_EP_ADMIN_LISTEN:
+			kvp_admin_accept(n);
+			break;
+		case KVP_EP_ADMIN:
+			kvp_admin_input(n, idx);
+			break;
+		case KVP_EP_PEER_LISTEN:
+			kvp_peer_accept(n);
+			break;
+		case KVP_EP_PEER_PENDING:
+			kvp_peer_pending_input(n, idx);
+			break;
+		case KVP_EP_PEER_OUT:
+			kvp_peer_out_event(n, (uint16_t)idx, evs[i].events);
+			break;
+		}
+	}
+	uint64_t now = kvp_mono_ns();
+	kvp_peer_timers(n, now);
+	if (now >= n->next_reap_ns) {
+		/* Regions of departed clients are unmapped once their last transfer ends. */
+		kvp_region_reap(&n->regions);
+		n->next_reap_ns = now + REAP_PERIOD_NS;
+	}
+}
+
+void
+kvp_node_stop_workers(struct kvp_node *n)
+{
+	for (unsigned i = 0; i < n->nworkers; i++) {
+		struct kvp_msg *m = kvp_node_msg(n, KVP_MSG_QUIT);
+
+		n->workers[i].quit = true;
+		if (m)
+			kvp_node_send(n, i, m);
+	}
+}
+
+void
+kvp_node_fini(struct kvp_node *n)
+{
+	kvp_admin_close_all(n);
+	kvp_peer_close_all(n);
+	for (uint32_t i = 0; n->clients && i < n->cfg.max_clients; i++) {
+		struct kvp_client *c = &n->clients[i];
+
+		if (c->state == KVP_CL_FREE)
+			continue;
+		if (c->sock >= 0)
+			close(c->sock);
+		if (c->chan) {
+			munmap(c->chan->mem, c->chan->len);
+			close(c->chan->notify_fd);
+			free(c->chan);
+		}
+	}
+	for (unsigned i = 0; i < n->nworkers; i++) {
+		if (n->workers[i].tctx)
+			n->tops->destroy(n->workers[i].tctx);
+		kvp_worker_fini(&n->workers[i]);
+	}
+	free(n->workers);
+	n->workers = NULL;
+	if (n->client_lfd >= 0) {
+		close(n->client_lfd);
+		unlink(n->cfg.client_socket);
+	}
+	if (n->admin_lfd >= 0) {
+		close(n->admin_lfd);
+		unlink(n->cfg.admin_socket);
+	}
+	if (n->lock_fd >= 0)
+		close(n->lock_fd);
+	if (n->evfd >= 0)
+		close(n->evfd);
+	if (n->epfd >= 0)
+		close(n->epfd);
+	for (unsigned i = 0; i < KVP_ADMIN_CONNS; i++)
+		free(n->admin[i].buf);
+	rte_mempool_free(n->msg_pool);
+	free(n->clients);
+	n->clients = NULL;
+	if (n->regions.slots)
+		kvp_region_table_fini(&n->regions);
+}

@@ -1,0 +1,420 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * Peer connections (main lcore). Each node dials every configured peer for
+ * the data it sends and accepts the peers' connections for the data it
+ * receives. Both ends exchange a versioned HELLO that names sender and
+ * target; only then is the socket handed to a worker. Failed attempts are
+ * retried with exponential backoff.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <rte_mempool.h>
+
+#include "kvp_core.h"
+
+#define BACKOFF_MAX_MS 5000u
+#define HELLO_LEN      (sizeof(struct kvp_wire_hdr) + sizeof(struct kvp_wire_hello))
+
+enum hello_err {
+	HELLO_OK = 0,
+	HELLO_UNKNOWN_NODE = 1,
+	HELLO_WRONG_TARGET = 2,
+	HELLO_LIMITS = 3,
+};
+
+static const char *
+hello_err_str(uint32_t e)
+{
+	switch (e) {
+	case HELLO_UNKNOWN_NODE:
+		return "we are not a configured peer of the remote node";
+	case HELLO_WRONG_TARGET:
+		return "the remote node has a different node_id than configured";
+	case HELLO_LIMITS:
+		return "limits mismatch (max_inflight / tcp.frame_max larger than the remote's)";
+	default:
+		return "refused";
+	}
+}
+
+static int
+resolve(const char *host, uint16_t port, bool passive, struct sockaddr_storage *ss,
+	socklen_t *len)
+{
+	struct addrinfo hints = { .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM };
+	struct addrinfo *res;
+	char pstr[8];
+
+	hints.ai_flags = passive ? AI_PASSIVE : 0;
+	snprintf(pstr, sizeof(pstr), "%u", port);
+	if (getaddrinfo(host, pstr, &hints, &res) != 0)
+		return -EHOSTUNREACH;
+	memcpy(ss, res->ai_addr, res->ai_addrlen);
+	*len = res->ai_addrlen;
+	freeaddrinfo(res);
+	return 0;
+}
+
+int
+kvp_peer_listen(struct kvp_node *n, char *err, size_t errlen)
+{
+	struct sockaddr_storage ss;
+	socklen_t len;
+	int one = 1, fd;
+
+	if (resolve(n->cfg.listen_host, n->cfg.listen_port, true, &ss, &len) < 0) {
+		snprintf(err, errlen, "listen: cannot resolve '%s'", n->cfg.listen_host);
+		return -EINVAL;
+	}
+	fd = socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) < 0 ||
+	    bind(fd, (struct sockaddr *)&ss, len) < 0 || listen(fd, 64) < 0) {
+		int e = errno;
+
+		snprintf(err, errlen, "listen %s:%u: %s", n->cfg.listen_host, n->cfg.listen_port,
+			 strerror(e));
+		if (fd >= 0)
+			close(fd);
+		return -e;
+	}
+	n->peer_lfd = fd;
+	return kvp_node_watch(n, fd, EPOLLIN, KVP_EP_PEER_LISTEN, 0);
+}
+
+static void
+fill_hello(struct kvp_node *n, uint8_t *buf, const char *to, uint64_t epoch, uint32_t status)
+{
+	struct kvp_wire_hdr *h = (struct kvp_wire_hdr *)buf;
+	struct kvp_wire_hello *m = (struct kvp_wire_hello *)(buf + sizeof(*h));
+
+	kvp_wire_hdr_init(h, KVP_W_HELLO, sizeof(*m), 0);
+	memset(m, 0, sizeof(*m));
+	snprintf(m->node_id, sizeof(m->node_id), "%s", n->cfg.node_id);
+	snprintf(m->to_node, sizeof(m->to_node), "%s", to);
+	m->epoch = epoch;
+	m->max_inflight = n->cfg.max_inflight;
+	m->frame_max = n->cfg.tcp_frame_max;
+	m->status = status;
+}
+
+/* Read what is available of a HELLO; @return 1 complete, 0 partial, <0 error. */
+static int
+read_hello(int fd, uint8_t *buf, uint32_t *have)
+{
+	ssize_t r = recv(fd, buf + *have, HELLO_LEN - *have, MSG_DONTWAIT);
+
+	if (r < 0)
+		return errno == EAGAIN || errno == EINTR ? 0 : -errno;
+	if (r == 0)
+		return -ECONNRESET;
+	*have += (uint32_t)r;
+	if (*have < HELLO_LEN)
+		return 0;
+	const struct kvp_wire_hdr *h = (const struct kvp_wire_hdr *)buf;
+	if (kvp_wire_check(h, 0) < 0 || h->type != KVP_W_HELLO)
+		return -EBADMSG;
+	return 1;
+}
+
+/* Hand a handshaken socket to the worker; the socket becomes blocking for io_uring. */
+static int
+hand_over(struct kvp_node *n, uint16_t peer, int fd, bool outgoing, uint64_t epoch)
+{
+	struct kvp_msg *m = kvp_node_msg(n, KVP_MSG_CONN_ADD);
+	int one = 1;
+
+	if (!m)
+		return -ENOBUFS;
+	fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+	m->peer = peer;
+	m->fd = fd;
+	m->outgoing = outgoing;
+	m->epoch = epoch;
+	/* One worker owns every connection while the node runs a single worker. */
+	return kvp_node_send(n, 0, m);
+}
+
+static void
+out_fail(struct kvp_node *n, uint16_t i, const char *why)
+{
+	struct kvp_peer *p = &n->peers[i];
+	uint64_t now = kvp_mono_ns();
+
+	if (p->out_fd >= 0) {
+		kvp_node_unwatch(n, p->out_fd);
+		close(p->out_fd);
+		p->out_fd = -1;
+	}
+	if (strcmp(p->last_error, why) != 0)
+		KVP_LOG(WARNING, core, "peer %s (%s:%u): %s; retrying", n->cfg.peers[i].node_id,
+			n->cfg.peers[i].host, n->cfg.peers[i].port, why);
+	snprintf(p->last_error, sizeof(p->last_error), "%s", why);
+	p->out_state = KVP_LINK_DOWN;
+	p->next_try_ns = now + (uint64_t)p->backoff_ms * 1000000;
+	p->backoff_ms = p->backoff_ms * 2 > BACKOFF_MAX_MS ? BACKOFF_MAX_MS : p->backoff_ms * 2;
+}
+
+static void
+out_start(struct kvp_node *n, uint16_t i, uint64_t now)
+{
+	struct kvp_peer *p = &n->peers[i];
+	const struct kvp_peer_conf *pc = &n->cfg.peers[i];
+	struct sockaddr_storage ss;
+	socklen_t len;
+	int fd;
+
+	if (p->backoff_ms == 0)
+		p->backoff_ms = n->cfg.reconnect_ms;
+	if (resolve(pc->host, pc->port, false, &ss, &len) < 0) {
+		out_fail(n, i, "cannot resolve address");
+		return;
+	}
+	fd = socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	if (fd < 0) {
+		out_fail(n, i, strerror(errno));
+		return;
+	}
+	p->out_fd = fd;
+	if (connect(fd, (struct sockaddr *)&ss, len) < 0 && errno != EINPROGRESS) {
+		out_fail(n, i, strerror(errno));
+		return;
+	}
+	p->out_state = KVP_LINK_CONNECTING;
+	p->deadline_ns = now + (uint64_t)n->cfg.connect_timeout_ms * 1000000;
+	p->have = 0;
+	kvp_node_watch(n, fd, EPOLLOUT | EPOLLIN, KVP_EP_PEER_OUT, i);
+}
+
+void
+kvp_peer_out_event(struct kvp_node *n, uint16_t i, uint32_t events)
+{
+	struct kvp_peer *p = &n->peers[i];
+	int rc;
+
+	if (p->out_state == KVP_LINK_CONNECTING) {
+		int soerr = 0;
+		socklen_t sl = sizeof(soerr);
+
+		if (!(events & (EPOLLOUT | EPOLLERR | EPOLLHUP)))
+			return;
+		getsockopt(p->out_fd, SOL_SOCKET, SO_ERROR, &soerr, &sl);
+		if (soerr || (events & (EPOLLERR | EPOLLHUP))) {
+			out_fail(n, i, soerr ? strerror(soerr) : "connection failed");
+			return;
+		}
+		uint8_t buf[HELLO_LEN];
+		getrandom(&p->epoch, sizeof(p->epoch), 0);
+		fill_hello(n, buf, n->cfg.peers[i].node_id, p->epoch, HELLO_OK);
+		if (send(p->out_fd, buf, sizeof(buf), MSG_DONTWAIT | MSG_NOSIGNAL) !=
+		    (ssize_t)sizeof(buf)) {
+			out_fail(n, i, "cannot send HELLO");
+			return;
+		}
+		struct epoll_event ev = { .events = EPOLLIN | EPOLLRDHUP,
+					  .data.u64 = kvp_ep_tag(KVP_EP_PEER_OUT, i) };
+		epoll_ctl(n->epfd, EPOLL_CTL_MOD, p->out_fd, &ev);
+		p->out_state = KVP_LINK_HELLO;
+		return;
+	}
+	if (p->out_state != KVP_LINK_HELLO)
+		return;
+	rc = read_hello(p->out_fd, p->buf, &p->have);
+	if (rc == 0)
+		return;
+	if (rc < 0) {
+		p->handshake_failures++;
+		out_fail(n, i, rc == -EBADMSG ? "malformed HELLO reply" : strerror(-rc));
+		return;
+	}
+	const struct kvp_wire_hello *m =
+		(const struct kvp_wire_hello *)(p->buf + sizeof(struct kvp_wire_hdr));
+	if (m->status != HELLO_OK) {
+		p->handshake_failures++;
+		out_fail(n, i, hello_err_str(m->status));
+		return;
+	}
+	if (strncmp(m->node_id, n->cfg.peers[i].node_id, sizeof(m->node_id)) != 0) {
+		p->handshake_failures++;
+		out_fail(n, i, "the remote answered with another node_id");
+		return;
+	}
+	int fd = p->out_fd;
+	kvp_node_unwatch(n, fd);
+	p->out_fd = -1;
+	if (hand_over(n, i, fd, true, p->epoch) < 0) {
+		close(fd);
+		out_fail(n, i, "worker inbox full");
+		return;
+	}
+	p->out_state = KVP_LINK_UP;
+	p->backoff_ms = n->cfg.reconnect_ms;
+	p->connects++;
+	p->last_error[0] = '\0';
+	KVP_LOG(INFO, core, "peer %s: connected", n->cfg.peers[i].node_id);
+}
+
+void
+kvp_peer_accept(struct kvp_node *n)
+{
+	int fd = accept4(n->peer_lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+
+	if (fd < 0)
+		return;
+	for (uint32_t i = 0; i < KVP_PENDING_MAX; i++) {
+		struct kvp_pending_conn *pc = &n->pending[i];
+
+		if (pc->fd >= 0)
+			continue;
+		pc->fd = fd;
+		pc->have = 0;
+		pc->deadline_ns = kvp_mono_ns() + (uint64_t)n->cfg.connect_timeout_ms * 1000000;
+		kvp_node_watch(n, fd, EPOLLIN | EPOLLRDHUP, KVP_EP_PEER_PENDING, i);
+		return;
+	}
+	n->bad_handshakes++;
+	KVP_LOG_RL(WARNING, core, "too many peer handshakes in progress; connection refused");
+	close(fd);
+}
+
+static void
+pending_close(struct kvp_node *n, struct kvp_pending_conn *pc, bool handed)
+{
+	kvp_node_unwatch(n, pc->fd);
+	if (!handed)
+		close(pc->fd);
+	pc->fd = -1;
+}
+
+void
+kvp_peer_pending_input(struct kvp_node *n, uint32_t slot)
+{
+	struct kvp_pending_conn *pc = &n->pending[slot];
+	int rc = read_hello(pc->fd, pc->buf, &pc->have);
+
+	if (rc == 0)
+		return;
+	if (rc < 0) {
+		n->bad_handshakes++;
+		KVP_LOG_RL(WARNING, core, "incoming peer handshake failed: %s",
+			   rc == -EBADMSG ? "malformed HELLO" : strerror(-rc));
+		pending_close(n, pc, false);
+		return;
+	}
+	struct kvp_wire_hello m;
+	memcpy(&m, pc->buf + sizeof(struct kvp_wire_hdr), sizeof(m));
+	m.node_id[sizeof(m.node_id) - 1] = '\0';
+	m.to_node[sizeof(m.to_node) - 1] = '\0';
+	int idx = kvp_config_peer_index(&n->cfg, m.node_id);
+	uint32_t status = HELLO_OK;
+
+	if (idx < 0)
+		status = HELLO_UNKNOWN_NODE;
+	else if (strcmp(m.to_node, n->cfg.node_id) != 0)
+		status = HELLO_WRONG_TARGET;
+	else if (m.max_inflight > n->cfg.max_inflight || m.frame_max > n->cfg.tcp_frame_max)
+		status = HELLO_LIMITS;
+	uint8_t buf[HELLO_LEN];
+	fill_hello(n, buf, m.node_id, m.epoch, status);
+	bool sent = send(pc->fd, buf, sizeof(buf), MSG_DONTWAIT | MSG_NOSIGNAL) ==
+		    (ssize_t)sizeof(buf);
+	if (status != HELLO_OK || !sent) {
+		n->bad_handshakes++;
+		KVP_LOG_RL(WARNING, core, "peer '%s' refused: %s", m.node_id,
+			   sent ? hello_err_str(status) : "cannot send HELLO");
+		pending_close(n, pc, false);
+		return;
+	}
+	int fd = pc->fd;
+	pending_close(n, pc, true);
+	if (hand_over(n, (uint16_t)idx, fd, false, m.epoch) < 0) {
+		close(fd);
+		return;
+	}
+	n->peers[idx].in_up = true;
+	KVP_LOG(INFO, core, "peer %s: accepted its connection", m.node_id);
+}
+
+void
+kvp_peer_conn_down(struct kvp_node *n, uint16_t i, bool outgoing, const char *why)
+{
+	struct kvp_peer *p = &n->peers[i];
+
+	if (i >= n->cfg.npeers)
+		return;
+	if (!outgoing) {
+		p->in_up = false;
+		return;
+	}
+	p->disconnects++;
+	p->backoff_ms = n->cfg.reconnect_ms;
+	out_fail(n, i, why);
+}
+
+void
+kvp_peer_timers(struct kvp_node *n, uint64_t now)
+{
+	for (uint16_t i = 0; i < n->cfg.npeers; i++) {
+		struct kvp_peer *p = &n->peers[i];
+
+		if (p->out_state == KVP_LINK_DOWN && now >= p->next_try_ns)
+			out_start(n, i, now);
+		else if ((p->out_state == KVP_LINK_CONNECTING || p->out_state == KVP_LINK_HELLO) &&
+			 now >= p->deadline_ns)
+			out_fail(n, i, p->out_state == KVP_LINK_CONNECTING ? "connect timeout"
+									    : "handshake timeout");
+	}
+	for (uint32_t i = 0; i < KVP_PENDING_MAX; i++) {
+		struct kvp_pending_conn *pc = &n->pending[i];
+
+		if (pc->fd >= 0 && now >= pc->deadline_ns) {
+			n->bad_handshakes++;
+			pending_close(n, pc, false);
+		}
+	}
+}
+
+void
+kvp_peer_close_all(struct kvp_node *n)
+{
+	for (uint16_t i = 0; i < KVP_PEERS_MAX; i++) {
+		if (n->peers[i].out_fd >= 0) {
+			close(n->peers[i].out_fd);
+			n->peers[i].out_fd = -1;
+		}
+	}
+	for (uint32_t i = 0; i < KVP_PENDING_MAX; i++) {
+		if (n->pending[i].fd >= 0) {
+			close(n->pending[i].fd);
+			n->pending[i].fd = -1;
+		}
+	}
+	if (n->peer_lfd >= 0) {
+		close(n->peer_lfd);
+		n->peer_lfd = -1;
+	}
+}
+
+const char *
+kvp_peer_state_name(const struct kvp_node *n, uint16_t i)
+{
+	switch (n->peers[i].out_state) {
+	case KVP_LINK_UP:
+		return "up";
+	case KVP_LINK_CONNECTING:
+	case KVP_LINK_HELLO:
+		return "connecting";
+	default:
+		return "down";
+	}
+}

@@ -1,0 +1,202 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * Region table: fixed slots, keys = 48 random bits | slot index, so a key
+ * cannot be guessed and lookup is one array index. Workers take a reference
+ * per operation; removal marks the slot dead and the main lcore unmaps it
+ * once no reference is left. The state is re-checked after taking the
+ * reference (seq_cst on both sides), so a worker never uses a mapping that
+ * the main lcore has decided to unmap.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "kvp_core.h"
+
+#define SLOT_BITS 16
+#define SLOT_MASK ((1u << SLOT_BITS) - 1)
+
+int
+kvp_region_table_init(struct kvp_region_table *t, uint32_t max)
+{
+	if (max == 0 || max > SLOT_MASK)
+		return -EINVAL;
+	t->slots = calloc(max, sizeof(*t->slots));
+	if (!t->slots)
+		return -ENOMEM;
+	t->size = max;
+	t->used = 0;
+	return 0;
+}
+
+static void
+unmap_slot(struct kvp_region_table *t, struct kvp_region *r)
+{
+	munmap(r->map, r->map_len);
+	r->map = NULL;
+	r->base = NULL;
+	atomic_store(&r->key, 0);
+	atomic_store(&r->state, KVP_REGION_FREE);
+	t->used--;
+}
+
+void
+kvp_region_table_fini(struct kvp_region_table *t)
+{
+	for (uint32_t i = 0; i < t->size; i++)
+		if (atomic_load(&t->slots[i].state) != KVP_REGION_FREE)
+			unmap_slot(t, &t->slots[i]);
+	free(t->slots);
+	t->slots = NULL;
+}
+
+static uint64_t
+random_tag(void)
+{
+	uint64_t v = 0;
+
+	/* getrandom() of 8 bytes never blocks once the pool is up; retry on EINTR. */
+	while (getrandom(&v, sizeof(v), 0) != sizeof(v))
+		;
+	return v;
+}
+
+int
+kvp_region_add(struct kvp_region_table *t, uint32_t owner, int fd, uint64_t off, uint64_t len,
+	       uint32_t flags, uint64_t *key)
+{
+	long page = sysconf(_SC_PAGESIZE);
+	struct stat st;
+	struct kvp_region *r = NULL;
+	uint32_t i;
+
+	if (len == 0 || off + len < off || flags != KVP_REGION_HOST)
+		return -EINVAL;
+	if (fstat(fd, &st) < 0 || (!S_ISREG(st.st_mode) && !S_ISBLK(st.st_mode)))
+		return -EINVAL;
+	/* A mapping past EOF would SIGBUS on the first access: refuse it here. */
+	if (S_ISREG(st.st_mode) && off + len > (uint64_t)st.st_size)
+		return -EINVAL;
+	for (i = 0; i < t->size; i++) {
+		if (atomic_load(&t->slots[i].state) == KVP_REGION_FREE) {
+			r = &t->slots[i];
+			break;
+		}
+	}
+	if (!r)
+		return -ENOSPC;
+	uint64_t map_off = off & ~((uint64_t)page - 1);
+	size_t map_len = (size_t)(off + len - map_off);
+	void *m = mmap(NULL, map_len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, (off_t)map_off);
+
+	if (m == MAP_FAILED)
+		return errno == ENOMEM ? -ENOMEM : -EINVAL;
+	r->map = m;
+	r->map_len = map_len;
+	r->base = (uint8_t *)m + (off - map_off);
+	r->len = len;
+	r->owner = owner;
+	r->flags = flags;
+	atomic_store(&r->refs, 0);
+	uint64_t k;
+	do {
+		k = (random_tag() << SLOT_BITS) | i;
+	} while (k == 0);
+	atomic_store(&r->key, k);
+	/* Publish last: a worker that sees ACTIVE sees every field above. */
+	atomic_store(&r->state, KVP_REGION_ACTIVE);
+	t->used++;
+	*key = k;
+	return 0;
+}
+
+static struct kvp_region *
+slot_of(struct kvp_region_table *t, uint64_t key)
+{
+	uint32_t i = (uint32_t)(key & SLOT_MASK);
+
+	if (key == 0 || i >= t->size)
+		return NULL;
+	return &t->slots[i];
+}
+
+struct kvp_region *
+kvp_region_get(struct kvp_region_table *t, uint64_t key)
+{
+	struct kvp_region *r = slot_of(t, key);
+
+	if (!r || atomic_load(&r->state) != KVP_REGION_ACTIVE || atomic_load(&r->key) != key)
+		return NULL;
+	atomic_fetch_add(&r->refs, 1);
+	/* Re-check after the reference is visible: removal may have raced us. */
+	if (atomic_load(&r->state) != KVP_REGION_ACTIVE || atomic_load(&r->key) != key) {
+		kvp_region_put(r);
+		return NULL;
+	}
+	return r;
+}
+
+int
+kvp_region_remove(struct kvp_region_table *t, uint64_t key, uint32_t owner)
+{
+	struct kvp_region *r = slot_of(t, key);
+
+	if (!r || atomic_load(&r->state) != KVP_REGION_ACTIVE || atomic_load(&r->key) != key ||
+	    r->owner != owner)
+		return -ENOENT;
+	atomic_store(&r->state, KVP_REGION_DEAD);
+	if (atomic_load(&r->refs) != 0) {
+		/* In use: the client must wait for its transfers to end. */
+		atomic_store(&r->state, KVP_REGION_ACTIVE);
+		return -EBUSY;
+	}
+	unmap_slot(t, r);
+	return 0;
+}
+
+void
+kvp_region_remove_owner(struct kvp_region_table *t, uint32_t owner)
+{
+	for (uint32_t i = 0; i < t->size; i++) {
+		struct kvp_region *r = &t->slots[i];
+
+		if (atomic_load(&r->state) == KVP_REGION_ACTIVE && r->owner == owner)
+			atomic_store(&r->state, KVP_REGION_DEAD);
+	}
+	kvp_region_reap(t);
+}
+
+unsigned
+kvp_region_reap(struct kvp_region_table *t)
+{
+	unsigned n = 0;
+
+	for (uint32_t i = 0; i < t->size; i++) {
+		struct kvp_region *r = &t->slots[i];
+
+		if (atomic_load(&r->state) == KVP_REGION_DEAD && atomic_load(&r->refs) == 0) {
+			unmap_slot(t, r);
+			n++;
+		}
+	}
+	return n;
+}
+
+unsigned
+kvp_region_count(const struct kvp_region_table *t, uint32_t owner)
+{
+	unsigned n = 0;
+
+	for (uint32_t i = 0; i < t->size; i++) {
+		const struct kvp_region *r = &t->slots[i];
+		uint32_t st = atomic_load((_Atomic uint32_t *)&r->state);
+
+		if (st != KVP_REGION_FREE && r->owner == owner)
+			n++;
+	}
+	return n;
+}

@@ -1,0 +1,33 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/* Validation of frames received from other nodes: nothing is trusted before this. */
+#include <errno.h>
+
+#include "kvp_core.h"
+
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "wire format is little-endian");
+
+int
+kvp_wire_check(const struct kvp_wire_hdr *h, uint32_t frame_max)
+{
+	if (h->magic != KVP_WIRE_MAGIC)
+		return -EBADMSG;
+	if (h->version != KVP_WIRE_VERSION)
+		return -EPROTONOSUPPORT;
+	switch (h->type) {
+	case KVP_W_HELLO:
+		return h->len == sizeof(struct kvp_wire_hello) ? 0 : -EMSGSIZE;
+	case KVP_W_DATA:
+		if (h->len == 0 || h->len > frame_max)
+			return -EMSGSIZE;
+		/* The range must not wrap; the region bound is checked on landing. */
+		return h->off + h->len < h->off ? -EBADMSG : 0;
+	case KVP_W_END:
+	case KVP_W_ACK:
+	case KVP_W_ABORT:
+	case KVP_W_PING:
+	case KVP_W_PONG:
+		return h->len == 0 ? 0 : -EMSGSIZE;
+	default:
+		return -EBADMSG;
+	}
+}

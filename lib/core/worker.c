@@ -1,0 +1,566 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * Worker data plane, transport-independent part: pick up submissions from
+ * client channels, validate them, hand them to the transport, and post
+ * completions. Everything here runs on the worker's lcore; tables are sized
+ * at start and nothing allocates.
+ */
+#include <errno.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <rte_lcore.h>
+#include <rte_malloc.h>
+#include <rte_mempool.h>
+#include <rte_ring.h>
+
+#include "kvp_core.h"
+
+#define TIMER_PERIOD_NS 1000000ull /* deadline scan: 1 ms */
+#define MSG_RING_SIZE	1024
+
+int
+kvp_worker_init(struct kvp_worker *w, unsigned idx, const struct kvp_config *cfg,
+		struct kvp_region_table *regions, const struct kvp_transport_ops *tops,
+		struct rte_mempool *msg_pool)
+{
+	char name[RTE_RING_NAMESIZE];
+	int socket = rte_socket_id();
+
+	memset(w, 0, sizeof(*w));
+	w->idx = idx;
+	w->cfg = cfg;
+	w->regions = regions;
+	w->tops = tops;
+	w->msg_pool = msg_pool;
+	w->evfd = -1;
+	w->main_evfd = -1;
+	w->nxfers = cfg->max_inflight;
+	w->chan_slots = cfg->max_clients;
+
+	w->xfers = rte_zmalloc_socket("kvp_xfers", sizeof(*w->xfers) * w->nxfers, 64, socket);
+	w->free_idx = rte_zmalloc_socket("kvp_xfer_free", sizeof(uint32_t) * w->nxfers, 64,
+					 socket);
+	w->segs = rte_zmalloc_socket("kvp_segs",
+				     sizeof(struct kvp_seg) * w->nxfers * cfg->max_segments, 64,
+				     socket);
+	w->sqe_scratch = rte_zmalloc_socket("kvp_sqe", KVP_SQE_SIZE * (cfg->max_segments + 1),
+					    64, socket);
+	w->chans = rte_zmalloc_socket("kvp_chans", sizeof(*w->chans) * w->chan_slots, 64, socket);
+	if (!w->xfers || !w->free_idx || !w->segs || !w->sqe_scratch || !w->chans)
+		goto err_free;
+	for (uint32_t i = 0; i < w->nxfers; i++) {
+		w->xfers[i].idx = i;
+		w->xfers[i].segs = &w->segs[(size_t)i * cfg->max_segments];
+		w->free_idx[i] = w->nxfers - 1 - i;
+	}
+	w->nfree = w->nxfers;
+
+	snprintf(name, sizeof(name), "kvp_in_%u", idx);
+	w->inbox = rte_ring_create(name, MSG_RING_SIZE, socket, RING_F_SP_ENQ | RING_F_SC_DEQ);
+	snprintf(name, sizeof(name), "kvp_out_%u", idx);
+	w->outbox = rte_ring_create(name, MSG_RING_SIZE, socket, RING_F_SP_ENQ | RING_F_SC_DEQ);
+	if (!w->inbox || !w->outbox)
+		goto err_free;
+	w->evfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+	if (w->evfd < 0)
+		goto err_free;
+	return 0;
+
+err_free:
+	kvp_worker_fini(w);
+	return -ENOMEM;
+}
+
+void
+kvp_worker_fini(struct kvp_worker *w)
+{
+	if (w->evfd >= 0)
+		close(w->evfd);
+	w->evfd = -1;
+	rte_ring_free(w->inbox);
+	rte_ring_free(w->outbox);
+	w->inbox = w->outbox = NULL;
+	rte_free(w->chans);
+	rte_free(w->sqe_scratch);
+	rte_free(w->segs);
+	rte_free(w->free_idx);
+	rte_free(w->xfers);
+	w->chans = NULL;
+	w->sqe_scratch = NULL;
+	w->segs = NULL;
+	w->free_idx = NULL;
+	w->xfers = NULL;
+}
+
+static void
+send_main(struct kvp_worker *w, int type, uint16_t peer, bool outgoing, struct kvp_chan *ch,
+	  const char *reason)
+{
+	struct kvp_msg *m;
+
+	if (rte_mempool_get(w->msg_pool, (void **)&m) < 0) {
+		KVP_LOG_RL(ERR, core, "worker %u: message pool empty, event %d lost", w->idx, type);
+		return;
+	}
+	memset(m, 0, sizeof(*m));
+	m->type = type;
+	m->peer = peer;
+	m->outgoing = outgoing;
+	m->chan = ch;
+	m->fd = -1;
+	if (reason)
+		snprintf(m->reason, sizeof(m->reason), "%s", reason);
+	if (rte_ring_enqueue(w->outbox, m) < 0) {
+		KVP_LOG_RL(ERR, core, "worker %u: outbox full, event %d lost", w->idx, type);
+		rte_mempool_put(w->msg_pool, m);
+		return;
+	}
+	uint64_t one = 1;
+	if (write(w->main_evfd, &one, sizeof(one)) < 0) {
+		/* EAGAIN: already rung. */
+	}
+}
+
+static void
+notify_client(struct kvp_chan *ch)
+{
+	uint64_t one = 1;
+
+	if (kvp_ring_wakeup_needed(&ch->cq) && write(ch->notify_fd, &one, sizeof(one)) < 0) {
+		/* EAGAIN: the counter is saturated, the client is awake anyway. */
+	}
+}
+
+static void
+xfer_free(struct kvp_worker *w, struct kvp_xfer *x)
+{
+	x->state = KVP_XS_FREE;
+	x->chan = NULL;
+	x->gen++;
+	w->free_idx[w->nfree++] = x->idx;
+}
+
+/* Post x's completion; false if the CQ is full (the caller backlogs it). */
+static bool
+post_done(struct kvp_xfer *x, uint64_t now)
+{
+	struct kvp_chan *ch = x->chan;
+	struct kvp_cqe c;
+
+	memset(&c, 0, sizeof(c));
+	c.kind = KVP_CQE_DONE;
+	c.peer = x->peer;
+	c.status = x->status;
+	c.user_id = x->user_id;
+	c.bytes = x->status == KVP_OK ? x->bytes : 0;
+	c.nseg = x->nseg;
+	const uint64_t *t = x->ts;
+	if (t[KVP_TS_SUBMIT] && t[KVP_TS_PICKUP] >= t[KVP_TS_SUBMIT])
+		c.phase_ns[KVP_PH_QUEUE] = t[KVP_TS_PICKUP] - t[KVP_TS_SUBMIT];
+	if (t[KVP_TS_ADMIT])
+		c.phase_ns[KVP_PH_ADMIT] = t[KVP_TS_ADMIT] - t[KVP_TS_PICKUP];
+	if (t[KVP_TS_POSTED])
+		c.phase_ns[KVP_PH_POST] = t[KVP_TS_POSTED] - t[KVP_TS_ADMIT];
+	if (t[KVP_TS_ACKED] && t[KVP_TS_POSTED])
+		c.phase_ns[KVP_PH_WIRE] = t[KVP_TS_ACKED] - t[KVP_TS_POSTED];
+	c.phase_ns[KVP_PH_TOTAL] = now - t[KVP_TS_PICKUP];
+
+	int rc = kvp_ring_enqueue_bulk(&ch->cq, &c, 1);
+	if (rc < 0) {
+		ch->broken = true;
+		return true; /* the client is being dropped; nothing to deliver to */
+	}
+	if (rc == 0)
+		return false;
+	notify_client(ch);
+	return true;
+}
+
+static void
+backlog_push(struct kvp_chan *ch, struct kvp_xfer *x)
+{
+	x->state = KVP_XS_BACKLOG;
+	x->next = NULL;
+	if (ch->backlog_tail)
+		ch->backlog_tail->next = x;
+	else
+		ch->backlog_head = x;
+	ch->backlog_tail = x;
+}
+
+void
+kvp_worker_xfer_end(struct kvp_worker *w, struct kvp_xfer *x, int status)
+{
+	uint64_t now = kvp_mono_ns();
+
+	if (x->status == KVP_OK)
+		x->status = status;
+	for (uint32_t i = 0; i < x->nseg; i++) {
+		if (x->segs[i].src) {
+			kvp_region_put(x->segs[i].src);
+			x->segs[i].src = NULL;
+		}
+	}
+	KVP_STAT_ADD(w->stats.completions[x->status], 1);
+	if (x->status == KVP_OK)
+		KVP_STAT_ADD(w->stats.peer[x->peer].tx_xfers, 1);
+	if (!x->chan) {
+		xfer_free(w, x);
+		return;
+	}
+	x->chan->inflight--;
+	if (x->chan->backlog_head || !post_done(x, now)) {
+		backlog_push(x->chan, x);
+		return;
+	}
+	xfer_free(w, x);
+}
+
+void
+kvp_worker_landed(struct kvp_worker *w, uint16_t peer, uint32_t owner, uint64_t user_id,
+		  uint64_t dst_key, uint64_t bytes, uint32_t nseg)
+{
+	uint32_t slot = kvp_client_slot(owner);
+	struct kvp_chan *ch = slot < w->chan_slots ? w->chans[slot] : NULL;
+	struct kvp_cqe c;
+
+	KVP_STAT_ADD(w->stats.xfers_landed, 1);
+	KVP_STAT_ADD(w->stats.peer[peer].rx_xfers, 1);
+	if (!ch || ch->id != owner || ch->broken)
+		return;
+	memset(&c, 0, sizeof(c));
+	c.kind = KVP_CQE_LANDED;
+	c.peer = peer;
+	c.status = KVP_OK;
+	c.user_id = user_id;
+	c.bytes = bytes;
+	c.dst_key = dst_key;
+	c.nseg = nseg;
+	int rc = kvp_ring_enqueue_bulk(&ch->cq, &c, 1);
+	if (rc < 0) {
+		ch->broken = true;
+		return;
+	}
+	if (rc == 0) {
+		/* Landing notices are not owed: count the drop where the client sees it. */
+		atomic_fetch_add_explicit(&ch->cq.shm->overflow, 1, memory_order_relaxed);
+		return;
+	}
+	notify_client(ch);
+}
+
+void
+kvp_worker_conn_down(struct kvp_worker *w, uint16_t peer, bool outgoing, const char *reason)
+{
+	if (outgoing)
+		w->peer_up[peer] = false;
+	KVP_STAT_ADD(w->stats.peer[peer].conn_errors, 1);
+	send_main(w, KVP_MSG_CONN_DOWN, peer, outgoing, NULL, reason);
+}
+
+static void
+chan_add(struct kvp_worker *w, struct kvp_chan *ch)
+{
+	uint32_t slot = kvp_client_slot(ch->id);
+
+	w->chans[slot] = ch;
+	w->nchans++;
+}
+
+static void
+chan_del(struct kvp_worker *w, struct kvp_chan *ch)
+{
+	uint32_t slot = kvp_client_slot(ch->id);
+
+	/* In-flight transfers finish without a client; their memory stays referenced. */
+	for (uint32_t i = 0; i < w->nxfers; i++)
+		if (w->xfers[i].chan == ch && w->xfers[i].state == KVP_XS_ACTIVE)
+			w->xfers[i].chan = NULL;
+	for (struct kvp_xfer *x = ch->backlog_head, *n; x; x = n) {
+		n = x->next;
+		xfer_free(w, x);
+	}
+	ch->backlog_head = ch->backlog_tail = NULL;
+	if (w->chans[slot] == ch) {
+		w->chans[slot] = NULL;
+		w->nchans--;
+	}
+	send_main(w, KVP_MSG_CHAN_GONE, 0, false, ch, NULL);
+}
+
+int
+kvp_worker_inbox(struct kvp_worker *w)
+{
+	struct kvp_msg *msgs[32];
+	unsigned n = rte_ring_dequeue_burst(w->inbox, (void **)msgs, 32, NULL);
+
+	for (unsigned i = 0; i < n; i++) {
+		struct kvp_msg *m = msgs[i];
+		int rc;
+
+		switch (m->type) {
+		case KVP_MSG_CHAN_ADD:
+			chan_add(w, m->chan);
+			break;
+		case KVP_MSG_CHAN_DEL:
+			chan_del(w, m->chan);
+			break;
+		case KVP_MSG_CONN_ADD:
+			rc = w->tops->attach(w->tctx, m->peer, m->fd, m->outgoing, m->epoch);
+			if (rc < 0) {
+				close(m->fd);
+				send_main(w, KVP_MSG_CONN_DOWN, m->peer, m->outgoing, NULL,
+					  "transport refused the connection");
+			} else if (m->outgoing) {
+				w->peer_up[m->peer] = true;
+			}
+			break;
+		case KVP_MSG_QUIT:
+			w->quit = true;
+			break;
+		default:
+			break;
+		}
+		rte_mempool_put(w->msg_pool, m);
+	}
+	return (int)n;
+}
+
+static void
+fail_now(struct kvp_worker *w, struct kvp_xfer *x, int status)
+{
+	x->state = KVP_XS_ACTIVE;
+	kvp_worker_xfer_end(w, x, status);
+}
+
+/* Copy and check the segments of one transfer; @return KVP_OK or KVP_EINVAL. */
+static int
+take_segments(struct kvp_worker *w, struct kvp_chan *ch, struct kvp_xfer *x, uint32_t nseg)
+{
+	int status = KVP_OK;
+
+	x->nseg = nseg;
+	x->bytes = 0;
+	for (uint32_t i = 0; i < nseg; i++) {
+		struct kvp_sqe_seg s;
+		struct kvp_seg *d = &x->segs[i];
+
+		/* Copy first: the client can rewrite its ring while we look. */
+		memcpy(&s, kvp_ring_peek(&ch->sq, 1 + i), sizeof(s));
+		d->src = NULL;
+		d->src_off = s.src_off;
+		d->dst_key = s.dst_key;
+		d->dst_off = s.dst_off;
+		d->len = s.len;
+		if (status != KVP_OK)
+			continue;
+		if (s.op != KVP_OP_SEG || s.len == 0 || s.dst_key == 0 ||
+		    s.dst_off + s.len < s.dst_off) {
+			status = KVP_EINVAL;
+			continue;
+		}
+		d->src = kvp_region_get(w->regions, s.src_key);
+		/* A client may only send from its own regions. */
+		if (!d->src || d->src->owner != ch->id ||
+		    !kvp_region_contains(d->src, s.src_off, s.len)) {
+			status = KVP_EINVAL;
+			continue;
+		}
+		x->bytes += s.len;
+	}
+	return status;
+}
+
+static void
+cancel_user(struct kvp_worker *w, struct kvp_chan *ch, uint64_t user_id)
+{
+	for (uint32_t i = 0; i < w->nxfers; i++) {
+		struct kvp_xfer *x = &w->xfers[i];
+
+		if (x->state == KVP_XS_ACTIVE && x->chan == ch && x->user_id == user_id) {
+			w->tops->cancel(w->tctx, x, KVP_ECANCELED);
+			return;
+		}
+	}
+}
+
+static int
+poll_chan(struct kvp_worker *w, struct kvp_chan *ch, uint64_t now)
+{
+	int consumed = 0;
+	int n = kvp_ring_count(&ch->sq);
+
+	while (n > 0) {
+		struct kvp_sqe_xfer h;
+
+		memcpy(&h, kvp_ring_peek(&ch->sq, 0), sizeof(h));
+		if (h.op == KVP_OP_CANCEL) {
+			kvp_ring_consume(&ch->sq, 1);
+			cancel_user(w, ch, h.user_id);
+			n--;
+			consumed++;
+			continue;
+		}
+		/* The client publishes a header and its segments at once. */
+		if (h.op != KVP_OP_XFER || h.nseg == 0 || h.nseg > (uint32_t)n - 1) {
+			KVP_LOG_RL(WARNING, core, "client %u (pid %d): malformed submission ring",
+				   ch->id, ch->pid);
+			ch->broken = true;
+			return consumed;
+		}
+		/* Every in-flight transfer must be able to complete: keep CQ room. */
+		int room = kvp_ring_free(&ch->cq);
+		if (room < 0) {
+			ch->broken = true;
+			return consumed;
+		}
+		if ((uint32_t)room <= ch->inflight || w->nfree == 0)
+			break;
+
+		struct kvp_xfer *x = &w->xfers[w->free_idx[--w->nfree]];
+		x->state = KVP_XS_ACTIVE;
+		x->chan = ch;
+		x->peer = h.peer;
+		x->status = KVP_OK;
+		x->user_id = h.user_id;
+		x->next = NULL;
+		x->t_seg = 0;
+		x->t_off = 0;
+		x->t_frames = 0;
+		x->t_state = 0;
+		memset(x->ts, 0, sizeof(x->ts));
+		x->ts[KVP_TS_SUBMIT] = h.submit_ns;
+		x->ts[KVP_TS_PICKUP] = now;
+		x->deadline_ns = now + (h.timeout_ns ? h.timeout_ns
+						     : (uint64_t)w->cfg->default_timeout_ms * 1000000);
+		ch->inflight++;
+		KVP_STAT_ADD(w->stats.xfers_submitted, 1);
+
+		uint32_t nseg = h.nseg;
+		int st = nseg > w->cfg->max_segments ? KVP_EINVAL : take_segments(w, ch, x, nseg);
+		if (nseg > w->cfg->max_segments)
+			x->nseg = 0;
+		kvp_ring_consume(&ch->sq, 1 + nseg);
+		n -= (int)(1 + nseg);
+		consumed += (int)(1 + nseg);
+
+		if (st == KVP_OK && h.peer >= w->cfg->npeers)
+			st = KVP_ENOPEER;
+		if (st == KVP_OK && !w->peer_up[h.peer])
+			st = KVP_EPEER;
+		if (st != KVP_OK) {
+			fail_now(w, x, st);
+			continue;
+		}
+		x->ts[KVP_TS_ADMIT] = now;
+		if (w->tops->post(w->tctx, x) < 0)
+			fail_now(w, x, KVP_EPEER);
+	}
+	if (n < 0)
+		ch->broken = true;
+	return consumed;
+}
+
+int
+kvp_worker_poll_chans(struct kvp_worker *w)
+{
+	int work = 0;
+
+	if (w->nchans == 0)
+		return 0;
+	uint64_t now = kvp_mono_ns();
+	for (uint32_t i = 0; i < w->chan_slots; i++) {
+		struct kvp_chan *ch = w->chans[i];
+
+		if (ch && !ch->broken)
+			work += poll_chan(w, ch, now);
+		if (ch && ch->broken && !ch->broken_sent) {
+			ch->broken_sent = true;
+			send_main(w, KVP_MSG_CHAN_BROKEN, 0, false, ch, "ring protocol violation");
+		}
+	}
+	return work;
+}
+
+static int
+drain_backlog(struct kvp_worker *w, struct kvp_chan *ch, uint64_t now)
+{
+	int n = 0;
+
+	while (ch->backlog_head) {
+		struct kvp_xfer *x = ch->backlog_head;
+
+		if (!post_done(x, now))
+			break;
+		ch->backlog_head = x->next;
+		if (!ch->backlog_head)
+			ch->backlog_tail = NULL;
+		xfer_free(w, x);
+		n++;
+	}
+	return n;
+}
+
+int
+kvp_worker_timers(struct kvp_worker *w, uint64_t now)
+{
+	int work = 0;
+
+	if (now < w->next_timer_ns)
+		return 0;
+	w->next_timer_ns = now + TIMER_PERIOD_NS;
+	for (uint32_t i = 0; i < w->chan_slots; i++) {
+		struct kvp_chan *ch = w->chans[i];
+
+		if (ch && ch->backlog_head)
+			work += drain_backlog(w, ch, now);
+	}
+	if (w->nfree == w->nxfers)
+		return work;
+	for (uint32_t i = 0; i < w->nxfers; i++) {
+		struct kvp_xfer *x = &w->xfers[i];
+
+		if (x->state == KVP_XS_ACTIVE && now >= x->deadline_ns && x->status == KVP_OK) {
+			w->tops->cancel(w->tctx, x, KVP_ETIMEDOUT);
+			work++;
+		}
+	}
+	return work;
+}
+
+bool
+kvp_worker_prepare_sleep(struct kvp_worker *w)
+{
+	bool ok = true;
+
+	for (uint32_t i = 0; i < w->chan_slots && ok; i++) {
+		struct kvp_chan *ch = w->chans[i];
+
+		if (ch && !ch->broken && !kvp_ring_prepare_wait(&ch->sq))
+			ok = false;
+	}
+	/* A backlogged completion or an inbox message also means there is work. */
+	for (uint32_t i = 0; i < w->chan_slots && ok; i++)
+		if (w->chans[i] && w->chans[i]->backlog_head)
+			ok = false;
+	if (ok && rte_ring_count(w->inbox) != 0)
+		ok = false;
+	if (!ok)
+		kvp_worker_finish_sleep(w);
+	return ok;
+}
+
+void
+kvp_worker_finish_sleep(struct kvp_worker *w)
+{
+	uint64_t v;
+
+	for (uint32_t i = 0; i < w->chan_slots; i++)
+		if (w->chans[i])
+			kvp_ring_finish_wait(&w->chans[i]->sq);
+	if (read(w->evfd, &v, sizeof(v)) < 0) {
+		/* EAGAIN: nobody rang. */
+	}
+}

@@ -1,0 +1,421 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * kvp_rings: the client ABI shared between libkvproxy and kvproxyd.
+ *
+ * A client owns one channel: a shared-memory object created by kvproxyd and
+ * handed to the client over the client socket (SCM_RIGHTS). The channel holds
+ * a header, a submission ring (SQ, client -> daemon) and a completion ring
+ * (CQ, daemon -> client). Both rings are single-producer single-consumer with
+ * free-running 32-bit indices masked on use, producer and consumer indices on
+ * separate cache lines (the rte_ring layout, reduced to SPSC).
+ *
+ * Threading: one producer thread and one consumer thread per ring. The
+ * kvp_ring handle is process-local: sizes are copied out of shared memory at
+ * attach time and never re-read, so a peer scribbling on the header cannot
+ * make the other side index outside the slots. Indices read from shared
+ * memory are checked on every use (-EPROTO when they are impossible).
+ *
+ * Memory: the channel belongs to kvproxyd; the client maps it. Nothing here
+ * allocates. Layout changes append fields only; KVP_ABI_VERSION changes when
+ * they do, and every structure is pinned with static_assert.
+ */
+#ifndef KVP_RINGS_H
+#define KVP_RINGS_H
+
+#include <assert.h>
+#include <errno.h>
+#include <stdalign.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KVP_ABI_VERSION	  1u
+#define KVP_CHAN_MAGIC	  0x314e414843505643ull /* "CVPCHAN1" little-endian */
+#define KVP_CACHE_LINE	  64
+#define KVP_SQE_SIZE	  64u
+#define KVP_CQE_SIZE	  128u
+#define KVP_NODE_ID_MAX	  32 /* including the terminating NUL */
+#define KVP_XFER_SEGS_MAX 4096u /* hard ABI bound; the config may lower it */
+
+/** Transfer status carried in completions (0 = success). */
+enum kvp_status {
+	KVP_OK = 0,
+	KVP_EINVAL = 1,	   /**< bad descriptor: unknown region, out of bounds, bad length */
+	KVP_ENOBUFS = 2,   /**< no staging buffers / window within admission_timeout */
+	KVP_ETIMEDOUT = 3, /**< deadline passed */
+	KVP_EPEER = 4,	   /**< peer unreachable, dead, or connection lost */
+	KVP_ECANCELED = 5, /**< cancelled by the client or the admin */
+	KVP_EREMOTE = 6,   /**< the destination node refused the data (e.g. bad dst key) */
+	KVP_ESHUTDOWN = 7, /**< the node is draining or stopping */
+	KVP_ENOPEER = 8,   /**< destination peer index is not configured */
+	KVP_STATUS_MAX
+};
+
+/** Phase durations reported in a completion (nanoseconds). */
+enum kvp_phase {
+	KVP_PH_QUEUE = 0, /**< client submit -> daemon pickup */
+	KVP_PH_ADMIT,	  /**< pickup -> admitted (window/buffers granted) */
+	KVP_PH_POST,	  /**< admitted -> last byte handed to the transport */
+	KVP_PH_WIRE,	  /**< last byte posted -> acknowledged by the destination */
+	KVP_PH_TOTAL,	  /**< pickup -> completion posted */
+	KVP_PH_MAX = 8
+};
+
+/* ---- submission entries (64 bytes each) ---- */
+
+enum kvp_sqe_op {
+	KVP_OP_XFER = 1,   /**< starts a transfer; nseg KVP_OP_SEG entries follow */
+	KVP_OP_SEG = 2,	   /**< one segment of the preceding transfer */
+	KVP_OP_CANCEL = 3, /**< cancel the in-flight transfer with user_id */
+};
+
+/** Transfer header; published together with its segments in one enqueue. */
+struct kvp_sqe_xfer {
+	uint8_t op; /**< KVP_OP_XFER or KVP_OP_CANCEL */
+	uint8_t flags;
+	uint16_t peer;	     /**< destination peer index (kvp_peer_lookup) */
+	uint32_t nseg;	     /**< segment entries that follow */
+	uint64_t user_id;    /**< client's transfer id, echoed in the completion */
+	uint64_t timeout_ns; /**< relative deadline; 0 = the daemon's default */
+	uint64_t submit_ns;  /**< client CLOCK_MONOTONIC at submit, for phase timing */
+	uint8_t rsvd[32];
+};
+
+/** One segment: bytes [src_off, src_off+len) of src_key land at dst_off of dst_key. */
+struct kvp_sqe_seg {
+	uint8_t op; /**< KVP_OP_SEG */
+	uint8_t rsvd0[7];
+	uint64_t src_key;
+	uint64_t src_off;
+	uint64_t dst_key;
+	uint64_t dst_off;
+	uint64_t len;
+	uint8_t rsvd1[16];
+};
+
+static_assert(sizeof(struct kvp_sqe_xfer) == KVP_SQE_SIZE, "SQE ABI");
+static_assert(sizeof(struct kvp_sqe_seg) == KVP_SQE_SIZE, "SQE ABI");
+static_assert(offsetof(struct kvp_sqe_seg, src_key) == 8, "SQE ABI");
+
+/* ---- completion entries (128 bytes each) ---- */
+
+enum kvp_cqe_kind {
+	KVP_CQE_DONE = 1,   /**< a transfer this client submitted has ended */
+	KVP_CQE_LANDED = 2, /**< a transfer into this client's region has landed */
+};
+
+struct kvp_cqe {
+	uint8_t kind; /**< enum kvp_cqe_kind */
+	uint8_t rsvd0;
+	uint16_t peer;	  /**< DONE: destination peer; LANDED: source peer index */
+	int32_t status;	  /**< enum kvp_status */
+	uint64_t user_id; /**< the submitter's transfer id (also for LANDED) */
+	uint64_t bytes;	  /**< payload bytes moved */
+	uint64_t dst_key; /**< LANDED: destination region of the first segment */
+	uint32_t nseg;
+	uint32_t rsvd1;
+	uint64_t phase_ns[KVP_PH_MAX];
+	uint8_t rsvd2[24];
+};
+
+static_assert(sizeof(struct kvp_cqe) == KVP_CQE_SIZE, "CQE ABI");
+static_assert(offsetof(struct kvp_cqe, phase_ns) == 40, "CQE ABI");
+
+/* ---- ring in shared memory ---- */
+
+/** Shared part of one SPSC ring; the slots live elsewhere in the channel. */
+struct kvp_ring_shm {
+	/* Written by the producer (release), read by the consumer (acquire). */
+	alignas(KVP_CACHE_LINE) _Atomic uint32_t prod;
+	/* Written by the consumer (release), read by the producer (acquire). */
+	alignas(KVP_CACHE_LINE) _Atomic uint32_t cons;
+	/*
+	 * Set by the consumer before it blocks; the producer reads it after a
+	 * seq_cst fence that follows its publish of prod (Dekker pairing with
+	 * the consumer's fence between setting it and re-checking prod).
+	 */
+	alignas(KVP_CACHE_LINE) _Atomic uint32_t need_wakeup;
+	/* Entries the producer dropped because the ring was full (CQ only). */
+	_Atomic uint32_t overflow;
+};
+
+static_assert(sizeof(struct kvp_ring_shm) == 3 * KVP_CACHE_LINE, "ring ABI");
+
+/** Channel header at offset 0 of the shared object. */
+struct kvp_chan_hdr {
+	uint64_t magic; /**< KVP_CHAN_MAGIC */
+	uint32_t version;
+	uint32_t hdr_size;
+	uint32_t sq_entries;
+	uint32_t sq_esize;
+	uint32_t cq_entries;
+	uint32_t cq_esize;
+	uint64_t sq_off;
+	uint64_t cq_off;
+	uint64_t size;
+	uint32_t client_id;
+	uint32_t rsvd;
+	alignas(KVP_CACHE_LINE) struct kvp_ring_shm sq;
+	struct kvp_ring_shm cq;
+};
+
+static_assert(offsetof(struct kvp_chan_hdr, sq) == KVP_CACHE_LINE, "channel ABI");
+static_assert(sizeof(struct kvp_chan_hdr) == 7 * KVP_CACHE_LINE, "channel ABI");
+
+/** Process-local view of one ring. */
+struct kvp_ring {
+	struct kvp_ring_shm *shm;
+	uint8_t *slots;
+	uint32_t size; /**< entries, power of two */
+	uint32_t mask;
+	uint32_t esize;
+	uint32_t local;	 /**< producer: next prod; consumer: next cons */
+	uint32_t cached; /**< producer: last seen cons; consumer: last seen prod */
+};
+
+/**
+ * Lay out a new channel in @p mem (kvproxyd side).
+ *
+ * @param mem      zeroed memory of at least kvp_chan_size() bytes, page aligned
+ * @param sq_entries, cq_entries  ring sizes, powers of two
+ * @return 0, or -EINVAL if a size is not a power of two or is too large
+ */
+int kvp_chan_init(void *mem, size_t len, uint32_t sq_entries, uint32_t cq_entries,
+		  uint32_t client_id);
+
+/** Bytes needed for a channel with these ring sizes (0 if invalid). */
+size_t kvp_chan_size(uint32_t sq_entries, uint32_t cq_entries);
+
+/**
+ * Validate a mapped channel and set up process-local ring views.
+ *
+ * @param daemon  true on the kvproxyd side (SQ consumer, CQ producer)
+ * @return 0; -EBADMSG on wrong magic, -EPROTONOSUPPORT on a version
+ *   mismatch, -EINVAL if sizes or offsets do not fit @p len
+ */
+int kvp_chan_attach(void *mem, size_t len, bool daemon, struct kvp_ring *sq, struct kvp_ring *cq);
+
+/** Producer side: entries that can be enqueued now, or -EPROTO. */
+static inline int
+kvp_ring_free(struct kvp_ring *r)
+{
+	/* Pairs with the consumer's release store of cons. */
+	r->cached = atomic_load_explicit(&r->shm->cons, memory_order_acquire);
+	uint32_t used = r->local - r->cached;
+
+	if (used > r->size)
+		return -EPROTO;
+	return (int)(r->size - used);
+}
+
+/**
+ * Enqueue exactly @p n entries of r->esize bytes, or none.
+ *
+ * @return n; 0 if there is no room (try later); -EPROTO if the consumer's
+ *   index is impossible
+ */
+static inline int
+kvp_ring_enqueue_bulk(struct kvp_ring *r, const void *objs, uint32_t n)
+{
+	uint32_t prod = r->local;
+
+	if (r->size - (prod - r->cached) < n) {
+		int room = kvp_ring_free(r);
+
+		if (room < 0)
+			return room;
+		if ((uint32_t)room < n)
+			return 0;
+	}
+	uint32_t idx = prod & r->mask;
+	uint32_t first = r->size - idx < n ? r->size - idx : n;
+
+	memcpy(r->slots + (size_t)idx * r->esize, objs, (size_t)first * r->esize);
+	if (first < n)
+		memcpy(r->slots, (const uint8_t *)objs + (size_t)first * r->esize,
+		       (size_t)(n - first) * r->esize);
+	r->local = prod + n;
+	/* Pairs with the consumer's acquire load of prod in kvp_ring_count(). */
+	atomic_store_explicit(&r->shm->prod, r->local, memory_order_release);
+	return (int)n;
+}
+
+/** Consumer side: entries ready now, or -EPROTO if the producer's index is impossible. */
+static inline int
+kvp_ring_count(struct kvp_ring *r)
+{
+	/* Pairs with the producer's release store of prod. */
+	r->cached = atomic_load_explicit(&r->shm->prod, memory_order_acquire);
+	uint32_t avail = r->cached - r->local;
+
+	if (avail > r->size)
+		return -EPROTO;
+	return (int)avail;
+}
+
+/** Consumer side: pointer to the i-th ready entry (i < last kvp_ring_count()). */
+static inline const void *
+kvp_ring_peek(const struct kvp_ring *r, uint32_t i)
+{
+	return r->slots + (size_t)((r->local + i) & r->mask) * r->esize;
+}
+
+/** Consumer side: release @p n entries back to the producer. */
+static inline void
+kvp_ring_consume(struct kvp_ring *r, uint32_t n)
+{
+	r->local += n;
+	/* Pairs with the producer's acquire load of cons in kvp_ring_free(). */
+	atomic_store_explicit(&r->shm->cons, r->local, memory_order_release);
+}
+
+/**
+ * Dequeue up to @p n entries into @p objs (copied out of shared memory).
+ *
+ * @return entries dequeued (0 if empty), or -EPROTO
+ */
+static inline int
+kvp_ring_dequeue_burst(struct kvp_ring *r, void *objs, uint32_t n)
+{
+	uint32_t avail = r->cached - r->local;
+
+	if (avail == 0) {
+		int c = kvp_ring_count(r);
+
+		if (c <= 0)
+			return c;
+		avail = (uint32_t)c;
+	}
+	if (n > avail)
+		n = avail;
+	uint32_t idx = r->local & r->mask;
+	uint32_t first = r->size - idx < n ? r->size - idx : n;
+
+	memcpy(objs, r->slots + (size_t)idx * r->esize, (size_t)first * r->esize);
+	if (first < n)
+		memcpy((uint8_t *)objs + (size_t)first * r->esize, r->slots,
+		       (size_t)(n - first) * r->esize);
+	kvp_ring_consume(r, n);
+	return (int)n;
+}
+
+/**
+ * Consumer side, before blocking: announce the wait, then re-check.
+ *
+ * @return true if the ring is still empty and the caller may block; false
+ *   if entries arrived (the flag is cleared again)
+ */
+static inline bool
+kvp_ring_prepare_wait(struct kvp_ring *r)
+{
+	atomic_store_explicit(&r->shm->need_wakeup, 1, memory_order_relaxed);
+	/* Pairs with the fence in kvp_ring_wakeup_needed(). */
+	atomic_thread_fence(memory_order_seq_cst);
+	if (kvp_ring_count(r) != 0) {
+		atomic_store_explicit(&r->shm->need_wakeup, 0, memory_order_relaxed);
+		return false;
+	}
+	return true;
+}
+
+/** Consumer side, after waking up. */
+static inline void
+kvp_ring_finish_wait(struct kvp_ring *r)
+{
+	atomic_store_explicit(&r->shm->need_wakeup, 0, memory_order_relaxed);
+}
+
+/** Producer side, after an enqueue: true if the consumer must be woken. */
+static inline bool
+kvp_ring_wakeup_needed(struct kvp_ring *r)
+{
+	/* Pairs with the fence in kvp_ring_prepare_wait(). */
+	atomic_thread_fence(memory_order_seq_cst);
+	return atomic_load_explicit(&r->shm->need_wakeup, memory_order_relaxed) != 0;
+}
+
+/* ---- client socket protocol (UNIX stream, fixed-size messages) ---- */
+
+#define KVP_CTRL_MAGIC	0x4b56u /* "KV" */
+#define KVP_CTRL_MSGLEN 256u
+#define KVP_ERRMSG_MAX	160
+
+enum kvp_ctrl_op {
+	KVP_CTRL_HELLO = 1,	 /**< -> channel fd, SQ doorbell fd, CQ notify fd */
+	KVP_CTRL_REG = 2,	 /**< fd attached: map it as a region -> key */
+	KVP_CTRL_DEREG = 3,	 /**< key -> status */
+	KVP_CTRL_PEER_LOOKUP = 4 /**< node id -> peer index */
+};
+
+enum kvp_region_flags {
+	KVP_REGION_HOST = 0x1, /**< host memory behind a shareable fd (memfd, shm, hugetlbfs) */
+};
+
+/** Request, client -> daemon. */
+struct kvp_ctrl_req {
+	uint16_t magic;
+	uint16_t op;
+	uint32_t abi_version;
+	uint64_t seq;
+	union {
+		struct {
+			uint32_t sq_entries; /**< 0 = daemon default */
+			uint32_t cq_entries;
+			int32_t pid;
+		} hello;
+		struct {
+			uint64_t fd_offset; /**< offset into the passed fd */
+			uint64_t len;
+			uint32_t flags; /**< enum kvp_region_flags */
+		} reg;
+		struct {
+			uint64_t key;
+		} dereg;
+		struct {
+			char node_id[KVP_NODE_ID_MAX];
+		} peer;
+		uint8_t raw[KVP_CTRL_MSGLEN - 16];
+	} u;
+};
+
+/** Reply, daemon -> client; fds for HELLO travel with it. */
+struct kvp_ctrl_rep {
+	uint16_t magic;
+	uint16_t op;
+	int32_t err; /**< 0 or negative errno */
+	uint64_t seq;
+	union {
+		struct {
+			uint64_t chan_size;
+			uint32_t client_id;
+			uint32_t max_segs; /**< segments per transfer this daemon accepts */
+			char node_id[KVP_NODE_ID_MAX];
+		} hello;
+		struct {
+			uint64_t key;
+		} reg;
+		struct {
+			uint16_t peer;
+		} peer;
+		uint8_t raw[KVP_CTRL_MSGLEN - 16 - KVP_ERRMSG_MAX];
+	} u;
+	char errmsg[KVP_ERRMSG_MAX]; /**< NUL-terminated reason when err != 0 */
+};
+
+static_assert(sizeof(struct kvp_ctrl_req) == KVP_CTRL_MSGLEN, "ctrl ABI");
+static_assert(sizeof(struct kvp_ctrl_rep) == KVP_CTRL_MSGLEN, "ctrl ABI");
+
+/** Name of a transfer status ("ok", "invalid", "no-buffers", ...). */
+const char *kvp_status_str(int status);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KVP_RINGS_H */

@@ -1,0 +1,290 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/* TCP transport: per-worker io_uring, connection slots, completion dispatch. */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <rte_lcore.h>
+#include <rte_malloc.h>
+
+#include "kvp_tcp_stage.h"
+#include "tcp_priv.h"
+
+static uint32_t
+pow2_ceil(uint32_t v)
+{
+	uint32_t p = 1;
+
+	while (p < v)
+		p <<= 1;
+	return p;
+}
+
+static void
+tcp_destroy(void *tctx)
+{
+	struct tcp_ctx *t = tctx;
+
+	if (!t)
+		return;
+	for (uint32_t i = 0; t->conns && i < t->nconns; i++) {
+		struct tcp_conn *c = &t->conns[i];
+
+		if (c->fd >= 0)
+			close(c->fd);
+		rte_free(c->txq);
+		rte_free(c->iov);
+		rte_free(c->rxbuf);
+		rte_free(c->rxt);
+	}
+	rte_free(t->conns);
+	if (t->ring.ring_fd > 0)
+		io_uring_queue_exit(&t->ring);
+	rte_free(t);
+}
+
+static int
+tcp_create(struct kvp_worker *w, void **tctx)
+{
+	const struct kvp_config *cfg = w->cfg;
+	int socket = rte_socket_id();
+	struct tcp_ctx *t = rte_zmalloc_socket("kvp_tcp", sizeof(*t), 64, socket);
+	int rc;
+
+	if (!t)
+		return -ENOMEM;
+	t->w = w;
+	t->nconns = 2 * (cfg->npeers ? cfg->npeers : 1);
+	t->iov_max = 2 * cfg->tcp_send_iov;
+	t->frame_max = cfg->tcp_frame_max;
+	t->conns = rte_zmalloc_socket("kvp_tcp_conns", sizeof(*t->conns) * t->nconns, 64, socket);
+	if (!t->conns) {
+		rc = -ENOMEM;
+		goto err;
+	}
+	uint32_t txq = pow2_ceil(cfg->tcp_tx_frames);
+	uint32_t rxt = pow2_ceil(cfg->max_inflight);
+	for (uint32_t i = 0; i < t->nconns; i++) {
+		struct tcp_conn *c = &t->conns[i];
+
+		c->fd = -1;
+		c->id = i;
+		c->peer = (uint16_t)(i / 2);
+		c->outgoing = (i % 2) == 0;
+		c->txq_mask = txq - 1;
+		c->txq = rte_zmalloc_socket("kvp_txq", sizeof(*c->txq) * txq, 64, socket);
+		c->iov = rte_zmalloc_socket("kvp_iov", sizeof(*c->iov) * t->iov_max, 64, socket);
+		c->rx_cap = cfg->tcp_rx_buffer;
+		c->rxbuf = rte_malloc_socket("kvp_rxbuf", c->rx_cap, 64, socket);
+		c->rxt_mask = rxt - 1;
+		c->rxt = rte_zmalloc_socket("kvp_rxt", sizeof(*c->rxt) * rxt, 64, socket);
+		if (!c->txq || !c->iov || !c->rxbuf || !c->rxt) {
+			rc = -ENOMEM;
+			goto err;
+		}
+	}
+	/* Each connection has at most one send and one recv in flight. */
+	rc = io_uring_queue_init(pow2_ceil(2 * t->nconns + 8), &t->ring, 0);
+	if (rc < 0) {
+		t->ring.ring_fd = -1;
+		goto err;
+	}
+	*tctx = t;
+	return 0;
+err:
+	tcp_destroy(t);
+	return rc;
+}
+
+static int
+tcp_attach(void *tctx, uint16_t peer, int fd, bool outgoing, uint64_t epoch)
+{
+	struct tcp_ctx *t = tctx;
+	uint32_t id = 2u * peer + (outgoing ? 0 : 1);
+
+	if (id >= t->nconns)
+		return -EINVAL;
+	struct tcp_conn *c = &t->conns[id];
+	if (c->state != CONN_FREE)
+		return -EBUSY; /* the old connection is still draining */
+	c->state = CONN_UP;
+	c->fd = fd;
+	c->epoch = epoch;
+	c->ops = 0;
+	c->tx_done = c->tx_head = c->tx_tail = 0;
+	c->tx_partial = 0;
+	c->send_busy = c->recv_busy = false;
+	c->pend_head = c->pend_tail = NULL;
+	c->rx_start = c->rx_end = 0;
+	c->rx_state = RX_HDR;
+	c->rx_region = NULL;
+	memset(c->rxt, 0, sizeof(*c->rxt) * (c->rxt_mask + 1));
+	KVP_LOG(INFO, tcp, "worker %u: %s connection to peer %u up (epoch %016" PRIx64 ")",
+		t->w->idx, outgoing ? "outgoing" : "incoming", peer, epoch);
+	return 0;
+}
+
+struct kvp_xfer *
+tcp_xfer_of(struct tcp_ctx *t, uint64_t tag)
+{
+	uint32_t idx = (uint32_t)tag;
+
+	if (idx >= t->w->nxfers)
+		return NULL;
+	struct kvp_xfer *x = &t->w->xfers[idx];
+	if (x->state != KVP_XS_ACTIVE || kvp_xfer_tag(x) != tag)
+		return NULL;
+	return x;
+}
+
+static int
+tcp_post(void *tctx, struct kvp_xfer *x)
+{
+	struct tcp_ctx *t = tctx;
+	struct tcp_conn *c = &t->conns[2u * x->peer];
+
+	if (c->state != CONN_UP)
+		return -ENOTCONN;
+	x->t_state = TX_PEND;
+	x->next = NULL;
+	if (c->pend_tail)
+		c->pend_tail->next = x;
+	else
+		c->pend_head = x;
+	c->pend_tail = x;
+	return 0;
+}
+
+/* Close once nothing in the ring refers to the connection any more. */
+static void
+conn_finish_close(struct tcp_ctx *t, struct tcp_conn *c)
+{
+	struct kvp_worker *w = t->w;
+
+	tcp_tx_reset(t, c);
+	tcp_rx_reset(c);
+	if (c->outgoing) {
+		/* Every transfer to this peer went over this connection. */
+		for (uint32_t i = 0; i < w->nxfers; i++) {
+			struct kvp_xfer *x = &w->xfers[i];
+
+			if (x->state == KVP_XS_ACTIVE && x->peer == c->peer)
+				kvp_worker_xfer_end(w, x, KVP_EPEER);
+		}
+	}
+	close(c->fd);
+	c->fd = -1;
+	c->state = CONN_FREE;
+}
+
+void
+tcp_conn_fail(struct tcp_ctx *t, struct tcp_conn *c, const char *why)
+{
+	if (c->state != CONN_UP)
+		return;
+	KVP_LOG(WARNING, tcp, "worker %u: %s connection to peer %u closed: %s", t->w->idx,
+		c->outgoing ? "outgoing" : "incoming", c->peer, why);
+	c->state = CONN_CLOSING;
+	/* Makes the in-flight send and recv return so the slot can drain. */
+	shutdown(c->fd, SHUT_RDWR);
+	kvp_worker_conn_down(t->w, c->peer, c->outgoing, why);
+	if (c->ops == 0)
+		conn_finish_close(t, c);
+}
+
+static void
+handle_cqe(struct tcp_ctx *t, const struct io_uring_cqe *cqe)
+{
+	uint32_t id = (uint32_t)(cqe->user_data >> 8);
+	enum uop op = (enum uop)(cqe->user_data & 0xff);
+
+	if (id >= t->nconns)
+		return;
+	struct tcp_conn *c = &t->conns[id];
+	c->ops--;
+	if (op == UOP_SEND)
+		tcp_send_done(t, c, cqe->res);
+	else if (op == UOP_RECV)
+		tcp_recv_done(t, c, cqe->res);
+	if (c->state == CONN_CLOSING && c->ops == 0)
+		conn_finish_close(t, c);
+}
+
+static int
+tcp_progress(void *tctx)
+{
+	struct tcp_ctx *t = tctx;
+	struct io_uring_cqe *cqes[64];
+	int work = 0;
+	unsigned n;
+
+	while ((n = io_uring_peek_batch_cqe(&t->ring, cqes, 64)) > 0) {
+		for (unsigned i = 0; i < n; i++)
+			handle_cqe(t, cqes[i]);
+		io_uring_cq_advance(&t->ring, n);
+		work += (int)n;
+	}
+	for (uint32_t i = 0; i < t->nconns; i++) {
+		struct tcp_conn *c = &t->conns[i];
+
+		if (c->state != CONN_UP)
+			continue;
+		work += tcp_process_rx(t, c);
+		work += tcp_fill_tx(t, c);
+		if (c->state == CONN_UP && !c->send_busy)
+			work += tcp_start_send(t, c);
+		if (c->state == CONN_UP && !c->recv_busy)
+			tcp_start_recv(t, c);
+	}
+	if (t->sqes) {
+		io_uring_submit(&t->ring);
+		t->sqes = 0;
+	}
+	return work;
+}
+
+static void
+tcp_cancel(void *tctx, struct kvp_xfer *x, int status)
+{
+	struct tcp_ctx *t = tctx;
+
+	tcp_tx_cancel(t, &t->conns[2u * x->peer], x, status);
+}
+
+static int
+tcp_sleep_fd(void *tctx)
+{
+	struct tcp_ctx *t = tctx;
+
+	if (t->sqes) {
+		io_uring_submit(&t->ring);
+		t->sqes = 0;
+	}
+	return t->ring.ring_fd;
+}
+
+static void
+tcp_disconnect(void *tctx, uint16_t peer)
+{
+	struct tcp_ctx *t = tctx;
+
+	if (2u * peer + 1 >= t->nconns)
+		return;
+	tcp_conn_fail(t, &t->conns[2u * peer], "disconnect requested");
+	tcp_conn_fail(t, &t->conns[2u * peer + 1], "disconnect requested");
+}
+
+const struct kvp_transport_ops kvp_tcp_stage_ops = {
+	.name = "tcp",
+	.caps = KVP_TCAP_HOST_MEM,
+	.create = tcp_create,
+	.destroy = tcp_destroy,
+	.attach = tcp_attach,
+	.post = tcp_post,
+	.progress = tcp_progress,
+	.cancel = tcp_cancel,
+	.sleep_fd = tcp_sleep_fd,
+	.disconnect = tcp_disconnect,
+};

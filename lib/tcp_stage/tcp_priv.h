@@ -1,0 +1,158 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/* TCP transport internals shared by tcp.c, tcp_tx.c and tcp_rx.c. */
+#ifndef TCP_PRIV_H
+#define TCP_PRIV_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+
+#include <liburing.h>
+
+#include "kvp_core.h"
+
+/* Payloads at least this large skip the staging buffer and land by direct recv. */
+#define DIRECT_RECV_MIN (64u << 10)
+#define NO_XFER		UINT32_MAX
+
+enum conn_state {
+	CONN_FREE = 0,
+	CONN_UP,
+	CONN_CLOSING, /* shut down; waiting for its io_uring operations to return */
+};
+
+enum uop {
+	UOP_SEND = 1,
+	UOP_RECV = 2,
+};
+
+/* Transport-private transfer progress (kvp_xfer.t_state). */
+enum tx_xstate {
+	TX_PEND = 0, /* on the connection's pending list, not fully framed */
+	TX_FRAMED,   /* every frame queued, END included */
+	TX_WAIT_ACK, /* END on the wire; waiting for the receiver's ACK */
+	TX_DRAIN,    /* cancelled; waiting for its queued frames to leave */
+};
+
+struct tx_frame {
+	struct kvp_wire_hdr hdr;
+	uint8_t *payload; /* NULL for control frames */
+	uint32_t xfer;	  /* worker transfer slot, NO_XFER for control frames */
+};
+
+enum rx_state {
+	RX_HDR = 0,
+	RX_BODY,    /* payload copied out of the staging buffer */
+	RX_DIRECT,  /* payload recv'd straight into the region */
+	RX_DISCARD, /* payload for a refused destination */
+};
+
+/* Receive-side state of one incoming transfer, indexed by the sender's slot. */
+struct rx_entry {
+	uint64_t tag;
+	uint64_t bytes;
+	int status;
+};
+
+struct tcp_conn {
+	enum conn_state state;
+	int fd;
+	uint16_t peer;
+	bool outgoing;
+	uint32_t id;
+	uint64_t epoch;
+	uint32_t ops; /* io_uring operations in flight */
+
+	/* Send side: frames [tx_done, tx_tail) are queued; [tx_done, tx_head) are in flight. */
+	struct tx_frame *txq;
+	uint32_t txq_mask;
+	uint32_t tx_done;
+	uint32_t tx_head;
+	uint32_t tx_tail;
+	uint32_t tx_partial; /* bytes of frame tx_done already sent */
+	bool send_busy;
+	struct iovec *iov;
+	struct msghdr msg;
+	struct kvp_xfer *pend_head; /* transfers still being framed */
+	struct kvp_xfer *pend_tail;
+
+	/* Receive side. */
+	uint8_t *rxbuf;
+	uint32_t rx_cap;
+	uint32_t rx_start;
+	uint32_t rx_end;
+	bool recv_busy;
+	enum rx_state rx_state;
+	struct kvp_wire_hdr rx_hdr;
+	struct rx_entry *rx_ent;
+	uint8_t *rx_dst;
+	uint64_t rx_left;
+	struct kvp_region *rx_region;
+	struct rx_entry *rxt;
+	uint32_t rxt_mask;
+};
+
+struct tcp_ctx {
+	struct kvp_worker *w;
+	struct io_uring ring;
+	struct tcp_conn *conns; /* 2 per peer: [2p] outgoing, [2p+1] incoming */
+	uint32_t nconns;
+	uint32_t iov_max;
+	uint32_t frame_max;
+	uint32_t sqes; /* prepared since the last submit */
+};
+
+static inline struct io_uring_sqe *
+tcp_sqe(struct tcp_ctx *t)
+{
+	struct io_uring_sqe *sqe = io_uring_get_sqe(&t->ring);
+
+	if (!sqe) {
+		/* The ring is sized for every connection's ops; submit and retry once. */
+		io_uring_submit(&t->ring);
+		t->sqes = 0;
+		sqe = io_uring_get_sqe(&t->ring);
+	}
+	if (sqe)
+		t->sqes++;
+	return sqe;
+}
+
+static inline uint64_t
+tcp_udata(const struct tcp_conn *c, enum uop op)
+{
+	return ((uint64_t)c->id << 8) | op;
+}
+
+static inline uint32_t
+txq_used(const struct tcp_conn *c)
+{
+	return c->tx_tail - c->tx_done;
+}
+
+static inline uint32_t
+txq_room(const struct tcp_conn *c)
+{
+	return c->txq_mask + 1 - txq_used(c);
+}
+
+/* tcp.c */
+void tcp_conn_fail(struct tcp_ctx *t, struct tcp_conn *c, const char *why);
+struct kvp_xfer *tcp_xfer_of(struct tcp_ctx *t, uint64_t tag);
+
+/* tcp_tx.c */
+bool tcp_queue_ctrl(struct tcp_conn *c, uint8_t type, uint64_t tag, uint64_t aux);
+int tcp_fill_tx(struct tcp_ctx *t, struct tcp_conn *c);
+int tcp_start_send(struct tcp_ctx *t, struct tcp_conn *c);
+void tcp_send_done(struct tcp_ctx *t, struct tcp_conn *c, int res);
+void tcp_tx_cancel(struct tcp_ctx *t, struct tcp_conn *c, struct kvp_xfer *x, int status);
+void tcp_tx_reset(struct tcp_ctx *t, struct tcp_conn *c);
+
+/* tcp_rx.c */
+int tcp_start_recv(struct tcp_ctx *t, struct tcp_conn *c);
+void tcp_recv_done(struct tcp_ctx *t, struct tcp_conn *c, int res);
+int tcp_process_rx(struct tcp_ctx *t, struct tcp_conn *c);
+void tcp_rx_reset(struct tcp_conn *c);
+
+#endif /* TCP_PRIV_H */

@@ -1,0 +1,251 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * TCP receive side: parse frames out of the staging buffer, land payloads
+ * in their destination regions (large ones by direct recv), acknowledge
+ * complete transfers and complete acknowledged ones.
+ */
+#include <errno.h>
+#include <string.h>
+
+#include "tcp_priv.h"
+
+int
+tcp_start_recv(struct tcp_ctx *t, struct tcp_conn *c)
+{
+	void *buf;
+	size_t len;
+
+	if (c->recv_busy || c->state != CONN_UP)
+		return 0;
+	if (c->rx_state == RX_DIRECT) {
+		buf = c->rx_dst;
+		len = c->rx_left;
+	} else {
+		if (c->rx_start == c->rx_end) {
+			c->rx_start = c->rx_end = 0;
+		} else if (c->rx_start > 0 && c->rx_cap - c->rx_end < sizeof(struct kvp_wire_hdr)) {
+			memmove(c->rxbuf, c->rxbuf + c->rx_start, c->rx_end - c->rx_start);
+			c->rx_end -= c->rx_start;
+			c->rx_start = 0;
+		}
+		if (c->rx_end == c->rx_cap)
+			return 0; /* stalled until the parser frees room */
+		buf = c->rxbuf + c->rx_end;
+		len = c->rx_cap - c->rx_end;
+	}
+	struct io_uring_sqe *sqe = tcp_sqe(t);
+	if (!sqe)
+		return 0;
+	io_uring_prep_recv(sqe, c->fd, buf, len, c->rx_state == RX_DIRECT ? MSG_WAITALL : 0);
+	io_uring_sqe_set_data64(sqe, tcp_udata(c, UOP_RECV));
+	c->recv_busy = true;
+	c->ops++;
+	return 1;
+}
+
+static void
+body_done(struct tcp_conn *c)
+{
+	if (c->rx_region) {
+		kvp_region_put(c->rx_region);
+		c->rx_region = NULL;
+	}
+	c->rx_state = RX_HDR;
+}
+
+void
+tcp_recv_done(struct tcp_ctx *t, struct tcp_conn *c, int res)
+{
+	c->recv_busy = false;
+	if (c->state != CONN_UP)
+		return;
+	if (res <= 0) {
+		tcp_conn_fail(t, c, res == 0 ? "closed by peer" : strerror(-res));
+		return;
+	}
+	if (c->rx_state == RX_DIRECT) {
+		KVP_STAT_ADD(t->w->stats.peer[c->peer].rx_bytes, (uint64_t)res);
+		c->rx_dst += res;
+		c->rx_left -= (uint64_t)res;
+		c->rx_ent->bytes += (uint64_t)res;
+		if (c->rx_left == 0)
+			body_done(c);
+		return;
+	}
+	c->rx_end += (uint32_t)res;
+}
+
+static void
+on_data(struct tcp_ctx *t, struct tcp_conn *c, const struct kvp_wire_hdr *h)
+{
+	struct rx_entry *e = &c->rxt[h->tag & c->rxt_mask];
+
+	if (e->tag != h->tag) {
+		e->tag = h->tag;
+		e->bytes = 0;
+		e->status = KVP_OK;
+	}
+	c->rx_ent = e;
+	c->rx_left = h->len;
+	if (e->status == KVP_OK) {
+		struct kvp_region *r = kvp_region_get(t->w->regions, h->key);
+
+		if (r && kvp_region_contains(r, h->off, h->len)) {
+			c->rx_region = r;
+			c->rx_dst = r->base + h->off;
+			c->rx_state = RX_BODY;
+			return;
+		}
+		if (r)
+			kvp_region_put(r);
+		KVP_LOG_RL(WARNING, tcp, "peer %u: data for unknown region %016" PRIx64
+			   " or out of bounds (off %" PRIu64 " len %u): refused",
+			   c->peer, h->key, h->off, h->len);
+		e->status = KVP_EREMOTE;
+	}
+	c->rx_state = RX_DISCARD;
+}
+
+static void
+on_end(struct tcp_ctx *t, struct tcp_conn *c, const struct kvp_wire_hdr *h)
+{
+	struct rx_entry *e = &c->rxt[h->tag & c->rxt_mask];
+	int status = e->tag == h->tag ? e->status : KVP_EREMOTE;
+
+	if (status == KVP_OK && e->bytes != h->off)
+		status = KVP_EREMOTE;
+	if (status == KVP_OK) {
+		struct kvp_region *r = kvp_region_get(t->w->regions, h->key);
+
+		if (r) {
+			uint32_t owner = r->owner;
+
+			kvp_region_put(r);
+			kvp_worker_landed(t->w, c->peer, owner, h->aux, h->key, e->bytes, h->aux2);
+		} else {
+			status = KVP_EREMOTE; /* deregistered while landing */
+		}
+	}
+	e->tag = 0;
+	tcp_queue_ctrl(c, KVP_W_ACK, h->tag, (uint64_t)status);
+}
+
+static void
+on_ack(struct tcp_ctx *t, const struct kvp_wire_hdr *h)
+{
+	struct kvp_xfer *x = tcp_xfer_of(t, h->tag);
+
+	/* A stale tag is a transfer that already ended (cancelled, timed out). */
+	if (!x || x->t_frames != 0 || (x->t_state != TX_WAIT_ACK && x->t_state != TX_FRAMED))
+		return;
+	x->ts[KVP_TS_ACKED] = kvp_mono_ns();
+	if (!x->ts[KVP_TS_POSTED])
+		x->ts[KVP_TS_POSTED] = x->ts[KVP_TS_ACKED];
+	kvp_worker_xfer_end(t->w, x, h->aux == KVP_OK ? KVP_OK : KVP_EREMOTE);
+}
+
+/* Handle one header; false if it must wait (no room to answer) or the connection failed. */
+static bool
+on_header(struct tcp_ctx *t, struct tcp_conn *c, const struct kvp_wire_hdr *h)
+{
+	struct kvp_peer_stats *ps = &t->w->stats.peer[c->peer];
+	int rc = kvp_wire_check(h, t->frame_max);
+
+	if (rc < 0 || h->type == KVP_W_HELLO || (h->type == KVP_W_ACK && !c->outgoing) ||
+	    (h->type == KVP_W_DATA && c->outgoing)) {
+		KVP_STAT_ADD(ps->bad_frames, 1);
+		tcp_conn_fail(t, c, rc < 0 ? "malformed frame" : "unexpected frame type");
+		return false;
+	}
+	if ((h->type == KVP_W_END || h->type == KVP_W_PING) && txq_room(c) == 0)
+		return false;
+	KVP_STAT_ADD(ps->rx_frames, 1);
+	switch (h->type) {
+	case KVP_W_DATA:
+		on_data(t, c, h);
+		break;
+	case KVP_W_END:
+		on_end(t, c, h);
+		break;
+	case KVP_W_ACK:
+		on_ack(t, h);
+		break;
+	case KVP_W_ABORT:
+		if (c->rxt[h->tag & c->rxt_mask].tag == h->tag)
+			c->rxt[h->tag & c->rxt_mask].tag = 0;
+		break;
+	case KVP_W_PING:
+		tcp_queue_ctrl(c, KVP_W_PONG, h->tag, 0);
+		break;
+	default:
+		break;
+	}
+	return true;
+}
+
+int
+tcp_process_rx(struct tcp_ctx *t, struct tcp_conn *c)
+{
+	int work = 0;
+
+	while (c->state == CONN_UP) {
+		uint32_t avail = c->rx_end - c->rx_start;
+		uint32_t n;
+
+		switch (c->rx_state) {
+		case RX_HDR: {
+			struct kvp_wire_hdr h;
+
+			if (avail < sizeof(h))
+				return work;
+			memcpy(&h, c->rxbuf + c->rx_start, sizeof(h));
+			if (!on_header(t, c, &h))
+				return work;
+			c->rx_start += sizeof(h);
+			c->rx_hdr = h;
+			work++;
+			break;
+		}
+		case RX_BODY:
+			n = avail < c->rx_left ? avail : (uint32_t)c->rx_left;
+			memcpy(c->rx_dst, c->rxbuf + c->rx_start, n);
+			c->rx_start += n;
+			c->rx_dst += n;
+			c->rx_left -= n;
+			c->rx_ent->bytes += n;
+			KVP_STAT_ADD(t->w->stats.peer[c->peer].rx_bytes, n);
+			if (c->rx_left == 0) {
+				body_done(c);
+			} else if (c->rx_start == c->rx_end) {
+				/* The rest goes straight from the socket into the region. */
+				if (c->rx_left >= DIRECT_RECV_MIN)
+					c->rx_state = RX_DIRECT;
+				return work + 1;
+			}
+			work++;
+			break;
+		case RX_DISCARD:
+			n = avail < c->rx_left ? avail : (uint32_t)c->rx_left;
+			c->rx_start += n;
+			c->rx_left -= n;
+			if (c->rx_left == 0)
+				c->rx_state = RX_HDR;
+			else if (n == 0)
+				return work;
+			work++;
+			break;
+		default: /* RX_DIRECT: the recv in flight owns the data */
+			return work;
+		}
+	}
+	return work;
+}
+
+void
+tcp_rx_reset(struct tcp_conn *c)
+{
+	body_done(c);
+	c->rx_start = c->rx_end = 0;
+	c->recv_busy = false;
+	c->rx_left = 0;
+}

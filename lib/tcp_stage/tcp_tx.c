@@ -1,0 +1,276 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * TCP send side: turn transfers into frames (large segments split at
+ * frame_max, small contiguous ones coalesced), gather queued frames into one
+ * sendmsg per connection, and account for what the kernel took.
+ */
+#include <errno.h>
+#include <string.h>
+
+#include "tcp_priv.h"
+
+static inline struct tx_frame *
+frame_at(struct tcp_conn *c, uint32_t i)
+{
+	return &c->txq[i & c->txq_mask];
+}
+
+static inline uint64_t
+frame_bytes(const struct tx_frame *f)
+{
+	return sizeof(f->hdr) + (f->payload ? f->hdr.len : 0);
+}
+
+static struct tx_frame *
+push_frame(struct tcp_conn *c, uint8_t type, uint32_t len, uint64_t tag, uint32_t xfer)
+{
+	struct tx_frame *f = frame_at(c, c->tx_tail++);
+
+	kvp_wire_hdr_init(&f->hdr, type, len, tag);
+	f->payload = NULL;
+	f->xfer = xfer;
+	return f;
+}
+
+bool
+tcp_queue_ctrl(struct tcp_conn *c, uint8_t type, uint64_t tag, uint64_t aux)
+{
+	if (c->state != CONN_UP || txq_room(c) == 0)
+		return false;
+	push_frame(c, type, 0, tag, NO_XFER)->hdr.aux = aux;
+	return true;
+}
+
+/* Segments i and i+1 can share one frame: same regions, both ranges contiguous. */
+static bool
+contiguous(const struct kvp_seg *a, const struct kvp_seg *b)
+{
+	return a->src == b->src && a->src_off + a->len == b->src_off && a->dst_key == b->dst_key &&
+	       a->dst_off + a->len == b->dst_off;
+}
+
+/* Queue the next DATA frame of x. */
+static void
+frame_data(struct tcp_ctx *t, struct tcp_conn *c, struct kvp_xfer *x)
+{
+	struct kvp_seg *s = &x->segs[x->t_seg];
+	uint64_t len = s->len - x->t_off;
+	uint64_t off = x->t_off;
+
+	if (len > t->frame_max)
+		len = t->frame_max;
+	x->t_off += len;
+	if (x->t_off == s->len) {
+		x->t_seg++;
+		x->t_off = 0;
+		/* Whole segments may absorb their contiguous successors. */
+		while (off == 0 && x->t_seg < x->nseg &&
+		       contiguous(&x->segs[x->t_seg - 1], &x->segs[x->t_seg]) &&
+		       len + x->segs[x->t_seg].len <= t->frame_max) {
+			len += x->segs[x->t_seg].len;
+			x->t_seg++;
+		}
+	}
+	struct tx_frame *f = push_frame(c, KVP_W_DATA, (uint32_t)len, kvp_xfer_tag(x), x->idx);
+	f->hdr.key = s->dst_key;
+	f->hdr.off = s->dst_off + off;
+	f->payload = s->src->base + s->src_off + off;
+	x->t_frames++;
+}
+
+static void
+pend_pop(struct tcp_conn *c)
+{
+	c->pend_head = c->pend_head->next;
+	if (!c->pend_head)
+		c->pend_tail = NULL;
+}
+
+int
+tcp_fill_tx(struct tcp_ctx *t, struct tcp_conn *c)
+{
+	int work = 0;
+
+	/* One slot stays free so a transfer's END or ABORT always fits. */
+	while (c->pend_head && txq_room(c) >= 2) {
+		struct kvp_xfer *x = c->pend_head;
+
+		if (x->status != KVP_OK) {
+			/* Cancelled mid-framing: tell the receiver to forget the tag. */
+			push_frame(c, KVP_W_ABORT, 0, kvp_xfer_tag(x), x->idx);
+			x->t_frames++;
+			x->t_state = TX_DRAIN;
+			pend_pop(c);
+			work++;
+			continue;
+		}
+		frame_data(t, c, x);
+		work++;
+		if (x->t_seg == x->nseg) {
+			struct tx_frame *f = push_frame(c, KVP_W_END, 0, kvp_xfer_tag(x), x->idx);
+
+			f->hdr.key = x->segs[0].dst_key;
+			f->hdr.off = x->bytes;
+			f->hdr.aux = x->user_id;
+			f->hdr.aux2 = x->nseg;
+			x->t_frames++;
+			x->t_state = TX_FRAMED;
+			pend_pop(c);
+		}
+	}
+	return work;
+}
+
+static void
+frame_sent(struct tcp_ctx *t, struct tcp_conn *c, struct tx_frame *f, uint64_t now)
+{
+	struct kvp_worker *w = t->w;
+	struct kvp_peer_stats *ps = &w->stats.peer[c->peer];
+
+	if (f->payload)
+		KVP_STAT_ADD(ps->tx_bytes, f->hdr.len);
+	KVP_STAT_ADD(ps->tx_frames, 1);
+	if (f->xfer == NO_XFER)
+		return;
+	struct kvp_xfer *x = &w->xfers[f->xfer];
+	x->t_frames--;
+	if (f->hdr.type == KVP_W_END && x->t_state == TX_FRAMED) {
+		x->ts[KVP_TS_POSTED] = now;
+		x->t_state = TX_WAIT_ACK;
+	} else if (x->t_state == TX_DRAIN && x->t_frames == 0) {
+		kvp_worker_xfer_end(w, x, x->status);
+	}
+}
+
+int
+tcp_start_send(struct tcp_ctx *t, struct tcp_conn *c)
+{
+	uint32_t i = c->tx_done, niov = 0;
+
+	if (c->send_busy || c->state != CONN_UP || i == c->tx_tail)
+		return 0;
+	while (i != c->tx_tail && niov + 2 <= t->iov_max) {
+		struct tx_frame *f = frame_at(c, i);
+		uint32_t skip = i == c->tx_done ? c->tx_partial : 0;
+		uint32_t hlen = sizeof(f->hdr);
+
+		if (skip < hlen) {
+			c->iov[niov].iov_base = (uint8_t *)&f->hdr + skip;
+			c->iov[niov++].iov_len = hlen - skip;
+			skip = 0;
+		} else {
+			skip -= hlen;
+		}
+		if (f->payload) {
+			c->iov[niov].iov_base = f->payload + skip;
+			c->iov[niov++].iov_len = f->hdr.len - skip;
+		}
+		i++;
+	}
+	struct io_uring_sqe *sqe = tcp_sqe(t);
+	if (!sqe)
+		return 0;
+	memset(&c->msg, 0, sizeof(c->msg));
+	c->msg.msg_iov = c->iov;
+	c->msg.msg_iovlen = niov;
+	/* WAITALL makes io_uring retry short sends itself; send_done still copes with one. */
+	io_uring_prep_sendmsg(sqe, c->fd, &c->msg, MSG_WAITALL | MSG_NOSIGNAL);
+	io_uring_sqe_set_data64(sqe, tcp_udata(c, UOP_SEND));
+	c->tx_head = i;
+	c->send_busy = true;
+	c->ops++;
+	return 1;
+}
+
+void
+tcp_send_done(struct tcp_ctx *t, struct tcp_conn *c, int res)
+{
+	c->send_busy = false;
+	if (c->state != CONN_UP)
+		return;
+	if (res < 0) {
+		tcp_conn_fail(t, c, strerror(-res));
+		return;
+	}
+	uint64_t left = (uint64_t)res, now = kvp_mono_ns();
+	while (c->tx_done != c->tx_head) {
+		struct tx_frame *f = frame_at(c, c->tx_done);
+		uint64_t need = frame_bytes(f) - c->tx_partial;
+
+		if (left < need) {
+			c->tx_partial += (uint32_t)left;
+			break;
+		}
+		left -= need;
+		c->tx_partial = 0;
+		c->tx_done++;
+		frame_sent(t, c, f, now);
+	}
+	/* Whatever was not taken goes out again from tx_done. */
+	c->tx_head = c->tx_done;
+}
+
+void
+tcp_tx_cancel(struct tcp_ctx *t, struct tcp_conn *c, struct kvp_xfer *x, int status)
+{
+	struct kvp_worker *w = t->w;
+
+	if (x->status == KVP_OK)
+		x->status = status;
+	switch (x->t_state) {
+	case TX_WAIT_ACK:
+		/* Nothing of it is queued any more; a late ACK finds the tag stale. */
+		kvp_worker_xfer_end(w, x, status);
+		return;
+	case TX_PEND:
+		if (x->t_frames == 0 && x->t_seg == 0 && x->t_off == 0) {
+			/* Never reached the wire: unlink it and end it now. */
+			struct kvp_xfer **pp = &c->pend_head, *prev = NULL;
+
+			while (*pp && *pp != x) {
+				prev = *pp;
+				pp = &(*pp)->next;
+			}
+			if (*pp) {
+				*pp = x->next;
+				if (c->pend_tail == x)
+					c->pend_tail = prev;
+			}
+			kvp_worker_xfer_end(w, x, status);
+			return;
+		}
+		break; /* tcp_fill_tx() queues the ABORT when it reaches it */
+	case TX_FRAMED:
+		x->t_state = TX_DRAIN;
+		break;
+	default:
+		return;
+	}
+	/* Frames not yet handed to the kernel are dropped; END becomes ABORT. */
+	for (uint32_t i = c->tx_head; i != c->tx_tail; i++) {
+		struct tx_frame *f = frame_at(c, i);
+
+		if (f->xfer != x->idx || f->hdr.tag != kvp_xfer_tag(x))
+			continue;
+		if (f->hdr.type == KVP_W_DATA) {
+			/* Shrinks to a header-only ABORT: no payload read, stream stays framed. */
+			f->payload = NULL;
+			f->hdr.type = KVP_W_ABORT;
+			f->hdr.len = 0;
+		} else if (f->hdr.type == KVP_W_END) {
+			f->hdr.type = KVP_W_ABORT;
+		}
+	}
+	if (x->t_state == TX_DRAIN && x->t_frames == 0)
+		kvp_worker_xfer_end(w, x, x->status);
+}
+
+void
+tcp_tx_reset(struct tcp_ctx *t, struct tcp_conn *c)
+{
+	(void)t;
+	c->tx_done = c->tx_head = c->tx_tail = 0;
+	c->tx_partial = 0;
+	c->send_busy = false;
+	c->pend_head = c->pend_tail = NULL;
+}

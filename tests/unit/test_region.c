@@ -1,0 +1,91 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/* Region table: random keys, bounds, ownership, deferred unmap under references. */
+#include <errno.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "kvp_core.h"
+
+static int
+make_fd(size_t len)
+{
+	int fd = memfd_create("kvp-test", MFD_CLOEXEC);
+
+	if (fd < 0 || ftruncate(fd, (off_t)len) < 0)
+		return -1;
+	return fd;
+}
+
+int
+main(void)
+{
+	struct kvp_region_table t;
+	uint64_t k1 = 0, k2 = 0, k3 = 0, k4 = 0;
+	int fd = make_fd(1 << 20);
+
+	if (fd < 0)
+		return 99;
+	CHECK_EQ(kvp_region_table_init(&t, 0), -EINVAL);
+	CHECK_EQ(kvp_region_table_init(&t, 3), 0);
+
+	/* Bad ranges never map. */
+	CHECK_EQ(kvp_region_add(&t, 1, fd, 0, 0, KVP_REGION_HOST, &k1), -EINVAL);
+	CHECK_EQ(kvp_region_add(&t, 1, fd, 4096, 1 << 20, KVP_REGION_HOST, &k1), -EINVAL);
+	CHECK_EQ(kvp_region_add(&t, 1, fd, UINT64_MAX - 10, 100, KVP_REGION_HOST, &k1), -EINVAL);
+	CHECK_EQ(kvp_region_add(&t, 1, fd, 0, 4096, 0x80, &k1), -EINVAL);
+	CHECK_EQ(kvp_region_add(&t, 1, -1, 0, 4096, KVP_REGION_HOST, &k1), -EINVAL);
+
+	/* Unaligned offsets map; the view starts where asked. */
+	uint8_t *mine = mmap(NULL, 1 << 20, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	mine[5000] = 0xab;
+	CHECK_EQ(kvp_region_add(&t, 1, fd, 5000, 8192, KVP_REGION_HOST, &k1), 0);
+	CHECK_EQ(kvp_region_add(&t, 1, fd, 0, 1 << 20, KVP_REGION_HOST, &k2), 0);
+	CHECK_EQ(kvp_region_add(&t, 2, fd, 0, 4096, KVP_REGION_HOST, &k3), 0);
+	CHECK_EQ(kvp_region_add(&t, 2, fd, 0, 4096, KVP_REGION_HOST, &k4), -ENOSPC);
+	CHECK(k1 != 0 && k1 != k2 && k2 != k3);
+	/* Keys carry random bits above the slot index. */
+	CHECK((k1 >> 16) != (k2 >> 16) || (k2 >> 16) != (k3 >> 16));
+
+	struct kvp_region *r = kvp_region_get(&t, k1);
+	CHECK(r != NULL);
+	if (r) {
+		CHECK_EQ(r->base[0], 0xab);
+		CHECK(kvp_region_contains(r, 0, 8192));
+		CHECK(!kvp_region_contains(r, 1, 8192));
+		CHECK(!kvp_region_contains(r, 0, 0));
+		CHECK(!kvp_region_contains(r, 8192, 1));
+		CHECK(!kvp_region_contains(r, UINT64_MAX, 2));
+	}
+	/* A guessed key with the right slot but wrong random bits is unknown. */
+	CHECK(kvp_region_get(&t, k1 ^ (1ull << 40)) == NULL);
+	CHECK(kvp_region_get(&t, 0) == NULL);
+
+	/* Only the owner removes; a referenced region is busy. */
+	CHECK_EQ(kvp_region_remove(&t, k1, 2), -ENOENT);
+	CHECK_EQ(kvp_region_remove(&t, k1, 1), -EBUSY);
+	CHECK(kvp_region_get(&t, k1) != NULL); /* still active after EBUSY */
+	kvp_region_put(r);
+	kvp_region_put(r);
+	CHECK_EQ(kvp_region_remove(&t, k1, 1), 0);
+	CHECK(kvp_region_get(&t, k1) == NULL);
+	CHECK_EQ(kvp_region_remove(&t, k1, 1), -ENOENT);
+
+	/* Owner teardown: unmapped only after the last reference goes. */
+	struct kvp_region *r2 = kvp_region_get(&t, k2);
+	kvp_region_remove_owner(&t, 1);
+	CHECK(kvp_region_get(&t, k2) == NULL);
+	CHECK_EQ(kvp_region_count(&t, 1), 1);
+	CHECK_EQ(kvp_region_reap(&t), 0);
+	kvp_region_put(r2);
+	CHECK_EQ(kvp_region_reap(&t), 1);
+	CHECK_EQ(kvp_region_count(&t, 1), 0);
+	CHECK_EQ(kvp_region_count(&t, 2), 1);
+	CHECK_EQ(t.used, 1);
+
+	kvp_region_table_fini(&t);
+	munmap(mine, 1 << 20);
+	close(fd);
+	return check_result("test_region");
+}

@@ -1,0 +1,46 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/* Frame header validation: every field a peer controls is checked. */
+#include <errno.h>
+
+#include "check.h"
+#include "kvp_core.h"
+
+int
+main(void)
+{
+	struct kvp_wire_hdr h;
+
+	kvp_wire_hdr_init(&h, KVP_W_DATA, 4096, 7);
+	CHECK_EQ(kvp_wire_check(&h, 1 << 20), 0);
+	h.len = 0;
+	CHECK_EQ(kvp_wire_check(&h, 1 << 20), -EMSGSIZE);
+	h.len = (1 << 20) + 1;
+	CHECK_EQ(kvp_wire_check(&h, 1 << 20), -EMSGSIZE);
+	h.len = 4096;
+	h.off = UINT64_MAX - 100;
+	CHECK_EQ(kvp_wire_check(&h, 1 << 20), -EBADMSG);
+	h.off = 0;
+	h.magic = 0x1234;
+	CHECK_EQ(kvp_wire_check(&h, 1 << 20), -EBADMSG);
+	h.magic = KVP_WIRE_MAGIC;
+	h.version = 9;
+	CHECK_EQ(kvp_wire_check(&h, 1 << 20), -EPROTONOSUPPORT);
+	h.version = KVP_WIRE_VERSION;
+	h.type = 0;
+	CHECK_EQ(kvp_wire_check(&h, 1 << 20), -EBADMSG);
+	h.type = KVP_W_TYPE_MAX;
+	CHECK_EQ(kvp_wire_check(&h, 1 << 20), -EBADMSG);
+
+	/* Control frames carry no payload. */
+	for (uint8_t t = KVP_W_END; t < KVP_W_TYPE_MAX; t++) {
+		kvp_wire_hdr_init(&h, t, 0, 1);
+		CHECK_EQ(kvp_wire_check(&h, 1 << 20), 0);
+		h.len = 1;
+		CHECK_EQ(kvp_wire_check(&h, 1 << 20), -EMSGSIZE);
+	}
+	kvp_wire_hdr_init(&h, KVP_W_HELLO, sizeof(struct kvp_wire_hello), 0);
+	CHECK_EQ(kvp_wire_check(&h, 0), 0);
+	h.len = 1 << 30;
+	CHECK_EQ(kvp_wire_check(&h, 0), -EMSGSIZE);
+	return check_result("test_wire");
+}
