@@ -123,7 +123,7 @@ clients_json(const struct kvp_node *n)
 	json_t *arr = json_array();
 
 	for (uint32_t i = 0; i < n->cfg.max_clients; i++) {
-		const struct kvp_client *c = &n->clients[i];
+		const struct kvp_client_conn *c = &n->clients[i];
 
 		if (c->state != KVP_CL_ACTIVE || !c->chan)
 			continue;

@@ -23,7 +23,7 @@
 #define MAX_RING_ENTRIES (1u << 16)
 
 static int
-send_reply(struct kvp_client *c, struct kvp_ctrl_rep *rep, const int *fds, unsigned nfds)
+send_reply(struct kvp_client_conn *c, struct kvp_ctrl_rep *rep, const int *fds, unsigned nfds)
 {
 	union {
 		struct cmsghdr h;
@@ -65,7 +65,7 @@ ring_size_ok(uint32_t v)
 }
 
 static void
-do_hello(struct kvp_node *n, struct kvp_client *c, const struct kvp_ctrl_req *req,
+do_hello(struct kvp_node *n, struct kvp_client_conn *c, const struct kvp_ctrl_req *req,
 	 struct kvp_ctrl_rep *rep)
 {
 	uint32_t sqn = req->u.hello.sq_entries ? req->u.hello.sq_entries : n->cfg.sq_entries;
@@ -138,7 +138,7 @@ err_sys:
 }
 
 static void
-do_reg(struct kvp_node *n, struct kvp_client *c, const struct kvp_ctrl_req *req,
+do_reg(struct kvp_node *n, struct kvp_client_conn *c, const struct kvp_ctrl_req *req,
        struct kvp_ctrl_rep *rep)
 {
 	int fd = c->pending_fd;
@@ -168,7 +168,7 @@ do_reg(struct kvp_node *n, struct kvp_client *c, const struct kvp_ctrl_req *req,
 }
 
 static void
-handle_req(struct kvp_node *n, struct kvp_client *c, const struct kvp_ctrl_req *req)
+handle_req(struct kvp_node *n, struct kvp_client_conn *c, const struct kvp_ctrl_req *req)
 {
 	struct kvp_ctrl_rep rep;
 	int rc;
@@ -238,7 +238,7 @@ kvp_client_accept(struct kvp_node *n)
 		return;
 	}
 	for (uint32_t i = 0; i < n->cfg.max_clients; i++) {
-		struct kvp_client *c = &n->clients[i];
+		struct kvp_client_conn *c = &n->clients[i];
 
 		if (c->state != KVP_CL_FREE)
 			continue;
@@ -263,7 +263,7 @@ kvp_client_accept(struct kvp_node *n)
 void
 kvp_client_input(struct kvp_node *n, uint32_t slot)
 {
-	struct kvp_client *c = &n->clients[slot];
+	struct kvp_client_conn *c = &n->clients[slot];
 	union {
 		struct cmsghdr h;
 		char buf[CMSG_SPACE(sizeof(int) * 4)];
@@ -311,7 +311,7 @@ kvp_client_input(struct kvp_node *n, uint32_t slot)
 }
 
 static void
-client_release(struct kvp_node *n, struct kvp_client *c)
+client_release(struct kvp_node *n, struct kvp_client_conn *c)
 {
 	if (c->chan) {
 		munmap(c->chan->mem, c->chan->len);
@@ -325,7 +325,7 @@ client_release(struct kvp_node *n, struct kvp_client *c)
 }
 
 void
-kvp_client_drop(struct kvp_node *n, struct kvp_client *c, const char *why)
+kvp_client_drop(struct kvp_node *n, struct kvp_client_conn *c, const char *why)
 {
 	if (c->state != KVP_CL_OPEN && c->state != KVP_CL_ACTIVE)
 		return;
@@ -354,7 +354,7 @@ kvp_client_drop(struct kvp_node *n, struct kvp_client *c, const char *why)
 	client_release(n, c);
 }
 
-static struct kvp_client *
+static struct kvp_client_conn *
 client_of_chan(struct kvp_node *n, const struct kvp_chan *ch)
 {
 	uint32_t slot = kvp_client_slot(ch->id);
@@ -367,7 +367,7 @@ client_of_chan(struct kvp_node *n, const struct kvp_chan *ch)
 void
 kvp_client_gone(struct kvp_node *n, struct kvp_chan *ch)
 {
-	struct kvp_client *c = client_of_chan(n, ch);
+	struct kvp_client_conn *c = client_of_chan(n, ch);
 
 	if (c && c->state == KVP_CL_DETACHING)
 		client_release(n, c);
@@ -376,7 +376,7 @@ kvp_client_gone(struct kvp_node *n, struct kvp_chan *ch)
 void
 kvp_client_broken(struct kvp_node *n, struct kvp_chan *ch)
 {
-	struct kvp_client *c = client_of_chan(n, ch);
+	struct kvp_client_conn *c = client_of_chan(n, ch);
 
 	if (c)
 		kvp_client_drop(n, c, "broke the ring protocol; disconnected");

@@ -556,7 +556,7 @@ enum kvp_client_state {
 };
 
 /** Control-plane state of one client. */
-struct kvp_client {
+struct kvp_client_conn {
 	int state; /**< enum kvp_client_state */
 	uint32_t id;
 	uint16_t gen;
@@ -594,7 +594,7 @@ struct kvp_node {
 	struct kvp_worker *workers;
 	unsigned nworkers;
 	unsigned next_worker;
-	struct kvp_client *clients;
+	struct kvp_client_conn *clients;
 	uint32_t nclients;
 	struct kvp_peer peers[KVP_PEERS_MAX];
 	struct kvp_pending_conn pending[KVP_PENDING_MAX];
@@ -633,7 +633,7 @@ struct kvp_msg *kvp_node_msg(struct kvp_node *n, int type);
 /* client_srv.c */
 void kvp_client_accept(struct kvp_node *n);
 void kvp_client_input(struct kvp_node *n, uint32_t slot);
-void kvp_client_drop(struct kvp_node *n, struct kvp_client *c, const char *why);
+void kvp_client_drop(struct kvp_node *n, struct kvp_client_conn *c, const char *why);
 void kvp_client_gone(struct kvp_node *n, struct kvp_chan *ch);
 void kvp_client_broken(struct kvp_node *n, struct kvp_chan *ch);
 

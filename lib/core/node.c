@@ -296,7 +296,7 @@ kvp_node_fini(struct kvp_node *n)
 	kvp_admin_close_all(n);
 	kvp_peer_close_all(n);
 	for (uint32_t i = 0; n->clients && i < n->cfg.max_clients; i++) {
-		struct kvp_client *c = &n->clients[i];
+		struct kvp_client_conn *c = &n->clients[i];
 
 		if (c->state == KVP_CL_FREE)
 			continue;

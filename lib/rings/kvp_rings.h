@@ -196,7 +196,7 @@ size_t kvp_chan_size(uint32_t sq_entries, uint32_t cq_entries);
  * Validate a mapped channel and set up process-local ring views.
  *
  * @param daemon  true on the kvproxyd side (SQ consumer, CQ producer)
- * @return 0; -EBADMSG on wrong magic, -EPROTONOSUPPORT on a version
+ * @return 0; -EBADMSG on wrong magic or a length shorter than the header, -EPROTONOSUPPORT on a version
  *   mismatch, -EINVAL if sizes or offsets do not fit @p len
  */
 int kvp_chan_attach(void *mem, size_t len, bool daemon, struct kvp_ring *sq, struct kvp_ring *cq);
@@ -206,11 +206,13 @@ static inline int
 kvp_ring_free(struct kvp_ring *r)
 {
 	/* Pairs with the consumer's release store of cons. */
-	r->cached = atomic_load_explicit(&r->shm->cons, memory_order_acquire);
-	uint32_t used = r->local - r->cached;
+	uint32_t cons = atomic_load_explicit(&r->shm->cons, memory_order_acquire);
+	uint32_t used = r->local - cons;
 
+	/* Never cache an impossible index: the enqueue fast path trusts r->cached. */
 	if (used > r->size)
 		return -EPROTO;
+	r->cached = cons;
 	return (int)(r->size - used);
 }
 
@@ -251,11 +253,13 @@ static inline int
 kvp_ring_count(struct kvp_ring *r)
 {
 	/* Pairs with the producer's release store of prod. */
-	r->cached = atomic_load_explicit(&r->shm->prod, memory_order_acquire);
-	uint32_t avail = r->cached - r->local;
+	uint32_t prod = atomic_load_explicit(&r->shm->prod, memory_order_acquire);
+	uint32_t avail = prod - r->local;
 
+	/* Never cache an impossible index: the dequeue fast path trusts r->cached. */
 	if (avail > r->size)
 		return -EPROTO;
+	r->cached = prod;
 	return (int)avail;
 }
 
@@ -277,6 +281,8 @@ kvp_ring_consume(struct kvp_ring *r, uint32_t n)
 
 /**
  * Dequeue up to @p n entries into @p objs (copied out of shared memory).
+ * May return fewer than are ready: prod is re-read only once the entries
+ * seen last time are used up.
  *
  * @return entries dequeued (0 if empty), or -EPROTO
  */

@@ -69,7 +69,11 @@ ring_start(struct kvp_ring *r, bool producer)
 {
 	r->local = atomic_load_explicit(producer ? &r->shm->prod : &r->shm->cons,
 					memory_order_acquire);
-	r->cached = r->local;
+	/*
+	 * A producer has seen no cons yet: assume the ring full so that the
+	 * first enqueue reads (and checks) cons instead of trusting prod.
+	 */
+	r->cached = producer ? r->local - r->size : r->local;
 }
 
 int
@@ -87,7 +91,7 @@ kvp_chan_attach(void *mem, size_t len, bool daemon, struct kvp_ring *sq, struct 
 	size_t need = kvp_chan_size(sqn, cqn);
 
 	if (need == 0 || need > len || h->sq_esize != KVP_SQE_SIZE ||
-	    h->cq_esize != KVP_CQE_SIZE || sq_off < sizeof(*h) ||
+	    h->cq_esize != KVP_CQE_SIZE || sq_off < sizeof(*h) || sq_off > len || cq_off > len ||
 	    sq_off + (uint64_t)sqn * KVP_SQE_SIZE > cq_off ||
 	    cq_off + (uint64_t)cqn * KVP_CQE_SIZE > len)
 		return -EINVAL;

@@ -135,8 +135,12 @@ on_ack(struct tcp_ctx *t, const struct kvp_wire_hdr *h)
 {
 	struct kvp_xfer *x = tcp_xfer_of(t, h->tag);
 
-	/* A stale tag is a transfer that already ended (cancelled, timed out). */
-	if (!x || x->t_frames != 0 || (x->t_state != TX_WAIT_ACK && x->t_state != TX_FRAMED))
+	/*
+	 * A stale tag is a transfer that already ended (cancelled, timed out).
+	 * TX_FRAMED is fine: the ACK can overtake the completion of the send
+	 * that carried END, and the peer has every byte by now.
+	 */
+	if (!x || (x->t_state != TX_WAIT_ACK && x->t_state != TX_FRAMED))
 		return;
 	x->ts[KVP_TS_ACKED] = kvp_mono_ns();
 	if (!x->ts[KVP_TS_POSTED])

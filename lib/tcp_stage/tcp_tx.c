@@ -133,6 +133,13 @@ frame_sent(struct tcp_ctx *t, struct tcp_conn *c, struct tx_frame *f, uint64_t n
 	if (f->xfer == NO_XFER)
 		return;
 	struct kvp_xfer *x = &w->xfers[f->xfer];
+	/*
+	 * The receiver may acknowledge a transfer before the sendmsg that
+	 * carried its END returns (the same gather holds later frames): the
+	 * transfer has then ended and its slot may already be reused.
+	 */
+	if (x->state != KVP_XS_ACTIVE || kvp_xfer_tag(x) != f->hdr.tag)
+		return;
 	x->t_frames--;
 	if (f->hdr.type == KVP_W_END && x->t_state == TX_FRAMED) {
 		x->ts[KVP_TS_POSTED] = now;
