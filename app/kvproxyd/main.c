@@ -22,6 +22,13 @@
 #include "kvproxyd.h"
 
 static volatile sig_atomic_t stop;
+static char **eal_argv; /* our copy of argv with --no-pci, freed at exit */
+
+static void
+free_eal_argv(void)
+{
+	free(eal_argv);
+}
 
 static void
 on_signal(int sig)
@@ -114,7 +121,11 @@ main(int argc, char **argv)
 	char err[512];
 	int ret, opt;
 
+	char **orig_argv = argv;
+
 	argv = eal_args(&argc, argv);
+	eal_argv = argv != orig_argv ? argv : NULL;
+	atexit(free_eal_argv);
 	ret = rte_eal_init(argc, argv);
 	if (ret < 0) {
 		fprintf(stderr, "kvproxyd: EAL initialisation failed: %s\n", rte_strerror(rte_errno));

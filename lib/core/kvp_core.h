@@ -17,6 +17,7 @@
 
 #include <assert.h>
 #include <inttypes.h>
+#include <stdalign.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -533,7 +534,7 @@ struct kvp_peer {
 	uint64_t next_try_ns;  /**< reconnect time while down */
 	uint32_t backoff_ms;
 	uint32_t have;	       /**< handshake bytes received */
-	uint8_t buf[sizeof(struct kvp_wire_hdr) + sizeof(struct kvp_wire_hello)];
+	alignas(8) uint8_t buf[sizeof(struct kvp_wire_hdr) + sizeof(struct kvp_wire_hello)];
 	uint64_t connects;
 	uint64_t disconnects;
 	uint64_t handshake_failures;
@@ -545,7 +546,7 @@ struct kvp_pending_conn {
 	int fd;
 	uint64_t deadline_ns;
 	uint32_t have;
-	uint8_t buf[sizeof(struct kvp_wire_hdr) + sizeof(struct kvp_wire_hello)];
+	alignas(8) uint8_t buf[sizeof(struct kvp_wire_hdr) + sizeof(struct kvp_wire_hello)];
 };
 
 enum kvp_client_state {

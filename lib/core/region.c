@@ -91,7 +91,9 @@ kvp_region_add(struct kvp_region_table *t, uint32_t owner, int fd, uint64_t off,
 		return -ENOSPC;
 	uint64_t map_off = off & ~((uint64_t)page - 1);
 	size_t map_len = (size_t)(off + len - map_off);
-	void *m = mmap(NULL, map_len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, (off_t)map_off);
+	/* Populate now: page faults belong to registration, not to the data path. */
+	void *m = mmap(NULL, map_len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd,
+		       (off_t)map_off);
 
 	if (m == MAP_FAILED)
 		return errno == ENOMEM ? -ENOMEM : -EINVAL;

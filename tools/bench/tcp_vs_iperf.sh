@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
+# Benchmark, not a test: kvproxy over TCP between two network namespaces
+# against iperf3 over the same veth, in one run, reported as ratios.
+#
+#   tools/bench/tcp_vs_iperf.sh [BUILD_DIR] [--size BYTES] [--reps N] [--json FILE]
+#
+# For each segment size kvproxy-bench moves --size bytes --reps times
+# (best run kept, as iperf3's is); iperf3 runs single-stream for 5 s.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+BUILD=$ROOT/build
+SIZE=$((1024 * 1024 * 1024))
+REPS=3
+JSON_OUT=""
+SEGS=(65536 1048576 4194304)
+while [[ $# -gt 0 ]]; do
+	case $1 in
+	--size) SIZE=$2; shift 2 ;;
+	--reps) REPS=$2; shift 2 ;;
+	--json) JSON_OUT=$2; shift 2 ;;
+	--segs) IFS=, read -r -a SEGS <<<"$2"; shift 2 ;;
+	-h | --help) sed -n 3,9p "$0"; exit 0 ;;
+	*) BUILD=$(cd "$1" && pwd); shift ;;
+	esac
+done
+export KVPROXYD=$BUILD/app/kvproxyd KVPROXYCTL=$BUILD/tools/kvproxyctl/kvproxyctl
+export KVPROXY_BENCH=$BUILD/tools/bench/kvproxy-bench
+
+# shellcheck source=../../tests/integ/lib.sh
+source "$ROOT/tests/integ/lib.sh"
+KVP_TEST=bench_tcp
+require_netns
+require_bins
+command -v iperf3 >/dev/null || setup_fail "iperf3 is not installed (apt-get install iperf3)"
+init_test
+start_pair 91
+
+log "iperf3, single stream, 5 s, $ADDR_P -> $ADDR_D"
+spawn "$NS_D" "$KVP_TMP/iperf3-server.log" - iperf3 -s -B "$ADDR_D" -p 5201
+ipsrv=$SPAWNED
+dl=$(deadline_in 10)
+until in_ns "$NS_P" iperf3 -c "$ADDR_D" -p 5201 -t 5 -J >"$KVP_TMP/iperf3.json" 2>/dev/null; do
+	before "$dl" || setup_fail "iperf3 client could not reach the server"
+	sleep "$KVP_POLL"
+done
+stop_pid "$ipsrv" 5 || true
+untrack "$ipsrv"
+iperf_gbps=$(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print("%.3f" % (d["end"]["sum_received"]["bits_per_second"]/1e9))' "$KVP_TMP/iperf3.json")
+log "iperf3: $iperf_gbps Gbit/s"
+
+results=()
+for seg in "${SEGS[@]}"; do
+	best=0
+	for ((r = 0; r < REPS; r++)); do
+		key="$KVP_TMP/key.$seg.$r"
+		spawn "$NS_D" "$KVP_TMP/decode.out" - "$KVPROXY_BENCH" decode -s "$(sock_of decode0)" \
+			--size "$SIZE" --seed "$r" --key-file "$key" --min-seg "$seg" --max-seg "$seg" \
+			--segs-per-xfer 16 --timeout 300
+		dpid=$SPAWNED
+		in_ns "$NS_P" "$KVPROXY_BENCH" prefill -s "$(sock_of prefill0)" --peer decode0 \
+			--key-file "$key" --size "$SIZE" --seed "$r" --min-seg "$seg" --max-seg "$seg" \
+			--segs-per-xfer 16 --inflight 8 --json >"$KVP_TMP/prefill.json" ||
+			fail "prefill run failed (segment $seg)"
+		wait_pid "$dpid" 300 || fail "decode client did not verify the data (segment $seg)"
+		g=$(json_get "$KVP_TMP/prefill.json" 'd["gbps"]')
+		log "segment $seg run $r: $g Gbit/s"
+		best=$(awk -v a="$best" -v b="$g" 'BEGIN { print (b > a) ? b : a }')
+	done
+	ratio=$(awk -v a="$best" -v b="$iperf_gbps" 'BEGIN { printf "%.2f", a / b }')
+	results+=("$seg $best $ratio")
+done
+
+printf '\n%-12s %12s %10s\n' "segment" "Gbit/s" "x iperf3"
+printf '%-12s %12s %10s\n' "iperf3" "$iperf_gbps" "1.00"
+for row in "${results[@]}"; do
+	read -r seg g ratio <<<"$row"
+	printf '%-12s %12s %10s\n' "$seg" "$g" "$ratio"
+done
+if [[ -n $JSON_OUT ]]; then
+	{
+		printf '{"iperf3_gbps": %s, "size": %s, "runs": [' "$iperf_gbps" "$SIZE"
+		sep=""
+		for row in "${results[@]}"; do
+			read -r seg g ratio <<<"$row"
+			printf '%s{"segment": %s, "gbps": %s, "ratio": %s}' "$sep" "$seg" "$g" "$ratio"
+			sep=", "
+		done
+		printf ']}\n'
+	} >"$JSON_OUT"
+fi
