@@ -26,7 +26,9 @@ worker_sleep(struct kvp_worker *w)
 		{ .fd = w->evfd, .events = POLLIN },
 		{ .fd = w->tops->sleep_fd(w->tctx), .events = POLLIN },
 	};
-	int timeout = w->nfree < w->nxfers ? SLEEP_BUSY_MS : SLEEP_IDLE_MS;
+	/* Heartbeats are due every peer_ms / 4: wake often enough to send them. */
+	int idle = (int)(w->cfg->peer_timeout_ms / 8);
+	int timeout = w->nfree < w->nxfers ? SLEEP_BUSY_MS : idle < SLEEP_IDLE_MS ? idle : SLEEP_IDLE_MS;
 
 	poll(pfd, 2, timeout);
 	kvp_worker_finish_sleep(w);

@@ -55,6 +55,7 @@ static const struct conf_row rows[] = {
 	U32("timeouts.connect_ms", connect_timeout_ms, 10, 600000, 1000),
 	U32("timeouts.peer_ms", peer_timeout_ms, 10, 600000, 1000),
 	U32("timeouts.reconnect_ms", reconnect_ms, 1, 60000, 200),
+	U32("timeouts.admission_ms", admission_timeout_ms, 1, 3600000, 1000),
 	{ "poll.busy", CT_BOOL, F(busy_poll), 0, 0, 0, NULL },
 	U32("poll.idle_us", idle_us, 0, 10000000, 200),
 	U32("tcp.frame_max", tcp_frame_max, 4096, 1u << 30, 4u << 20),

@@ -112,6 +112,7 @@ struct kvp_config {
 	uint32_t connect_timeout_ms;
 	uint32_t peer_timeout_ms;
 	uint32_t reconnect_ms;
+	uint32_t admission_timeout_ms;
 
 	bool busy_poll;
 	uint32_t idle_us;

@@ -386,6 +386,24 @@ cancel_user(struct kvp_worker *w, struct kvp_chan *ch, uint64_t user_id)
 	}
 }
 
+/* Complete a submission that never got a slot; false if the CQ has no room. */
+static bool
+refuse(struct kvp_chan *ch, const struct kvp_sqe_xfer *h, int status)
+{
+	struct kvp_cqe c;
+
+	memset(&c, 0, sizeof(c));
+	c.kind = KVP_CQE_DONE;
+	c.peer = h->peer;
+	c.status = status;
+	c.user_id = h->user_id;
+	c.nseg = h->nseg;
+	if (kvp_ring_enqueue_bulk(&ch->cq, &c, 1) != 1)
+		return false;
+	notify_client(ch);
+	return true;
+}
+
 static int
 poll_chan(struct kvp_worker *w, struct kvp_chan *ch, uint64_t now)
 {
@@ -416,8 +434,21 @@ poll_chan(struct kvp_worker *w, struct kvp_chan *ch, uint64_t now)
 			ch->broken = true;
 			return consumed;
 		}
-		if ((uint32_t)room <= ch->inflight || w->nfree == 0)
+		if ((uint32_t)room <= ch->inflight)
 			break;
+		if (w->nfree == 0) {
+			/* The ring is the admission queue; its head may wait only so long. */
+			if (h.submit_ns && now > h.submit_ns &&
+			    now - h.submit_ns > (uint64_t)w->cfg->admission_timeout_ms * 1000000 &&
+			    refuse(ch, &h, KVP_ENOBUFS)) {
+				kvp_ring_consume(&ch->sq, 1 + h.nseg);
+				n -= (int)(1 + h.nseg);
+				consumed += (int)(1 + h.nseg);
+				KVP_STAT_ADD(w->stats.completions[KVP_ENOBUFS], 1);
+				continue;
+			}
+			break;
+		}
 
 		struct kvp_xfer *x = &w->xfers[w->free_idx[--w->nfree]];
 		x->state = KVP_XS_ACTIVE;
@@ -433,8 +464,10 @@ poll_chan(struct kvp_worker *w, struct kvp_chan *ch, uint64_t now)
 		memset(x->ts, 0, sizeof(x->ts));
 		x->ts[KVP_TS_SUBMIT] = h.submit_ns;
 		x->ts[KVP_TS_PICKUP] = now;
-		x->deadline_ns = now + (h.timeout_ns ? h.timeout_ns
-						     : (uint64_t)w->cfg->default_timeout_ms * 1000000);
+		/* Deadlines run from the client's submit (same host, same clock). */
+		uint64_t start = h.submit_ns && h.submit_ns <= now ? h.submit_ns : now;
+		x->deadline_ns = start + (h.timeout_ns ? h.timeout_ns
+						       : (uint64_t)w->cfg->default_timeout_ms * 1000000);
 		ch->inflight++;
 		KVP_STAT_ADD(w->stats.xfers_submitted, 1);
 
@@ -446,6 +479,8 @@ poll_chan(struct kvp_worker *w, struct kvp_chan *ch, uint64_t now)
 		n -= (int)(1 + nseg);
 		consumed += (int)(1 + nseg);
 
+		if (st == KVP_OK && now >= x->deadline_ns)
+			st = KVP_ETIMEDOUT; /* expired while queued in the ring */
 		if (st == KVP_OK && h.peer >= w->cfg->npeers)
 			st = KVP_ENOPEER;
 		if (st == KVP_OK && !w->peer_up[h.peer])

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /* TCP transport: per-worker io_uring, connection slots, completion dispatch. */
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -59,6 +60,7 @@ tcp_create(struct kvp_worker *w, void **tctx)
 	t->nconns = 2 * (cfg->npeers ? cfg->npeers : 1);
 	t->iov_max = 2 * cfg->tcp_send_iov;
 	t->frame_max = cfg->tcp_frame_max;
+	t->peer_ns = (uint64_t)cfg->peer_timeout_ms * 1000000;
 	t->conns = rte_zmalloc_socket("kvp_tcp_conns", sizeof(*t->conns) * t->nconns, 64, socket);
 	if (!t->conns) {
 		rc = -ENOMEM;
@@ -120,6 +122,7 @@ tcp_attach(void *tctx, uint16_t peer, int fd, bool outgoing, uint64_t epoch)
 	c->rx_start = c->rx_end = 0;
 	c->rx_state = RX_HDR;
 	c->rx_region = NULL;
+	c->last_rx_ns = c->last_tx_ns = c->send_ok_ns = kvp_mono_ns();
 	memset(c->rxt, 0, sizeof(*c->rxt) * (c->rxt_mask + 1));
 	KVP_LOG(INFO, tcp, "worker %u: %s connection to peer %u up (epoch %016" PRIx64 ")",
 		t->w->idx, outgoing ? "outgoing" : "incoming", peer, epoch);
@@ -212,6 +215,37 @@ handle_cqe(struct tcp_ctx *t, const struct io_uring_cqe *cqe)
 		conn_finish_close(t, c);
 }
 
+/*
+ * Liveness, every few milliseconds: ping connections we have not sent on for
+ * a quarter of the peer timeout (both ends do, so each direction carries
+ * traffic), and fail a connection that has been silent, or whose send has
+ * not moved, for the whole timeout. A slow but live peer keeps reading and
+ * pinging, so only a dead or wedged one is cut off.
+ */
+static void
+liveness(struct tcp_ctx *t, uint64_t now)
+{
+	char why[96];
+
+	for (uint32_t i = 0; i < t->nconns; i++) {
+		struct tcp_conn *c = &t->conns[i];
+
+		if (c->state != CONN_UP)
+			continue;
+		if (now - c->last_rx_ns > t->peer_ns) {
+			snprintf(why, sizeof(why), "peer silent for %" PRIu64 " ms",
+				 (now - c->last_rx_ns) / 1000000);
+			tcp_conn_fail(t, c, why);
+		} else if (c->send_busy && now - c->send_ok_ns > t->peer_ns) {
+			snprintf(why, sizeof(why), "send stalled for %" PRIu64 " ms",
+				 (now - c->send_ok_ns) / 1000000);
+			tcp_conn_fail(t, c, why);
+		} else if (!c->send_busy && now - c->last_tx_ns > t->peer_ns / 4) {
+			tcp_queue_ctrl(c, KVP_W_PING, 0, 0);
+		}
+	}
+}
+
 static int
 tcp_progress(void *tctx)
 {
@@ -225,6 +259,11 @@ tcp_progress(void *tctx)
 			handle_cqe(t, cqes[i]);
 		io_uring_cq_advance(&t->ring, n);
 		work += (int)n;
+	}
+	uint64_t now = kvp_mono_ns();
+	if (now >= t->next_tick_ns) {
+		t->next_tick_ns = now + t->peer_ns / 16;
+		liveness(t, now);
 	}
 	for (uint32_t i = 0; i < t->nconns; i++) {
 		struct tcp_conn *c = &t->conns[i];

@@ -63,6 +63,9 @@ struct tcp_conn {
 	uint32_t id;
 	uint64_t epoch;
 	uint32_t ops; /* io_uring operations in flight */
+	uint64_t last_rx_ns;   /* any byte received */
+	uint64_t last_tx_ns;   /* a frame last handed to the kernel */
+	uint64_t send_ok_ns;   /* the in-flight send last made progress */
 
 	/* Send side: frames [tx_done, tx_tail) are queued; [tx_done, tx_head) are in flight. */
 	struct tx_frame *txq;
@@ -101,6 +104,8 @@ struct tcp_ctx {
 	uint32_t iov_max;
 	uint32_t frame_max;
 	uint32_t sqes; /* prepared since the last submit */
+	uint64_t next_tick_ns;
+	uint64_t peer_ns; /* silence (or a stuck send) longer than this kills a connection */
 };
 
 static inline struct io_uring_sqe *

@@ -63,6 +63,7 @@ tcp_recv_done(struct tcp_ctx *t, struct tcp_conn *c, int res)
 		tcp_conn_fail(t, c, res == 0 ? "closed by peer" : strerror(-res));
 		return;
 	}
+	c->last_rx_ns = kvp_mono_ns();
 	if (c->rx_state == RX_DIRECT) {
 		KVP_STAT_ADD(t->w->stats.peer[c->peer].rx_bytes, (uint64_t)res);
 		c->rx_dst += res;

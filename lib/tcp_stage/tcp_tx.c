@@ -156,7 +156,14 @@ tcp_start_send(struct tcp_ctx *t, struct tcp_conn *c)
 
 	if (c->send_busy || c->state != CONN_UP || i == c->tx_tail)
 		return 0;
-	while (i != c->tx_tail && niov + 2 <= t->iov_max) {
+	uint64_t bytes = 0;
+
+	/*
+	 * Gather at most about one frame_max of bytes: enough for line rate,
+	 * and a cancelled transfer never waits long for frames already given
+	 * to the kernel.
+	 */
+	while (i != c->tx_tail && niov + 2 <= t->iov_max && bytes < t->frame_max) {
 		struct tx_frame *f = frame_at(c, i);
 		uint32_t skip = i == c->tx_done ? c->tx_partial : 0;
 		uint32_t hlen = sizeof(f->hdr);
@@ -172,6 +179,7 @@ tcp_start_send(struct tcp_ctx *t, struct tcp_conn *c)
 			c->iov[niov].iov_base = f->payload + skip;
 			c->iov[niov++].iov_len = f->hdr.len - skip;
 		}
+		bytes += frame_bytes(f);
 		i++;
 	}
 	struct io_uring_sqe *sqe = tcp_sqe(t);
@@ -180,11 +188,12 @@ tcp_start_send(struct tcp_ctx *t, struct tcp_conn *c)
 	memset(&c->msg, 0, sizeof(c->msg));
 	c->msg.msg_iov = c->iov;
 	c->msg.msg_iovlen = niov;
-	/* WAITALL makes io_uring retry short sends itself; send_done still copes with one. */
-	io_uring_prep_sendmsg(sqe, c->fd, &c->msg, MSG_WAITALL | MSG_NOSIGNAL);
+	/* No WAITALL: a partial send comes back, so a stuck peer is visible as no progress. */
+	io_uring_prep_sendmsg(sqe, c->fd, &c->msg, MSG_NOSIGNAL);
 	io_uring_sqe_set_data64(sqe, tcp_udata(c, UOP_SEND));
 	c->tx_head = i;
 	c->send_busy = true;
+	c->send_ok_ns = c->last_tx_ns = kvp_mono_ns();
 	c->ops++;
 	return 1;
 }
@@ -200,6 +209,8 @@ tcp_send_done(struct tcp_ctx *t, struct tcp_conn *c, int res)
 		return;
 	}
 	uint64_t left = (uint64_t)res, now = kvp_mono_ns();
+
+	c->send_ok_ns = now;
 	while (c->tx_done != c->tx_head) {
 		struct tx_frame *f = frame_at(c, c->tx_done);
 		uint64_t need = frame_bytes(f) - c->tx_partial;
