@@ -185,14 +185,15 @@ m_stats(struct kvp_node *n, json_t *params)
 					   (json_int_t)KVP_STAT_READ(s->idle_ns), "sleeps",
 					   (json_int_t)KVP_STAT_READ(s->sleeps)));
 	}
-	json_t *totals = json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:i, s:I}", "tx_bytes",
+	json_t *totals = json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:i, s:I, s:I}", "tx_bytes",
 				   (json_int_t)t.all.tx_bytes, "rx_bytes",
 				   (json_int_t)t.all.rx_bytes, "xfers_submitted",
 				   (json_int_t)t.submitted, "xfers_done", (json_int_t)t.done,
 				   "xfers_landed", (json_int_t)t.landed, "frames_tx",
 				   (json_int_t)t.all.tx_frames, "frames_rx",
 				   (json_int_t)t.all.rx_frames, "inflight", (int)t.inflight,
-				   "bad_handshakes", (json_int_t)n->bad_handshakes);
+				   "bad_handshakes", (json_int_t)n->bad_handshakes, "auth_failures",
+				   (json_int_t)n->auth_failures);
 	return json_pack("{s:s, s:f, s:s, s:o, s:o, s:o, s:o, s:o, s:i}", "node_id",
 			 n->cfg.node_id, "uptime_s", uptime_s(n), "transport", n->tops->name,
 			 "totals", totals, "completions", comp, "peers", peers, "clients",
@@ -518,6 +519,8 @@ kvp_stats_prometheus(const struct kvp_node *n, char *out, size_t outlen)
 	pb(&b, "kvproxy_regions{node=\"%s\"} %u\n", node, n->regions.used);
 	head(&b, "kvproxy_bad_handshakes_total", "counter", "Peer handshakes refused or failed.");
 	pb(&b, "kvproxy_bad_handshakes_total{node=\"%s\"} %" PRIu64 "\n", node, n->bad_handshakes);
+	head(&b, "kvproxy_auth_failures_total", "counter", "Peers refused for failed authentication.");
+	pb(&b, "kvproxy_auth_failures_total{node=\"%s\"} %" PRIu64 "\n", node, n->auth_failures);
 	head(&b, "kvproxy_worker_busy_seconds_total", "counter", "Time worker loops found work.");
 	for (unsigned w = 0; w < n->nworkers; w++)
 		pb(&b, "kvproxy_worker_busy_seconds_total{node=\"%s\",lcore=\"%u\"} %.6f\n", node,

@@ -21,6 +21,7 @@ enum ctype {
 	CT_HOSTPORT,  /* "host:port" into listen_host/listen_port */
 	CT_TRANSPORT, /* "tcp" | "rdma" | "auto" */
 	CT_LOGLEVEL,  /* rte_log level name */
+	CT_SECRET_FILE, /* path whose first line becomes auth_secret */
 };
 
 struct conf_row {
@@ -62,6 +63,8 @@ static const struct conf_row rows[] = {
 	U32("tcp.rx_buffer", tcp_rx_buffer, 4096, 1u << 30, 256u << 10),
 	U32("tcp.tx_frames", tcp_tx_frames, 8, 65536, 512),
 	U32("tcp.send_iov", tcp_send_iov, 2, 512, 64),
+	STR("auth.secret", auth_secret, ""),
+	{ "auth.secret_file", CT_SECRET_FILE, F(auth_secret), 0, 0, 0, "" },
 };
 
 #define NROWS (sizeof(rows) / sizeof(rows[0]))
@@ -155,6 +158,26 @@ set_str(struct kvp_config *cfg, const struct conf_row *r, const char *v, const c
 		}
 		cfg->log_level = t;
 		return 0;
+	case CT_SECRET_FILE: {
+		FILE *f;
+
+		if (v[0] == '\0')
+			return 0;
+		f = fopen(v, "r");
+		if (!f) {
+			*why = "cannot read the secret file";
+			return -EINVAL;
+		}
+		if (!fgets(dst, (int)r->size, f))
+			dst[0] = '\0';
+		fclose(f);
+		dst[strcspn(dst, "\r\n")] = '\0';
+		if (dst[0] == '\0') {
+			*why = "the secret file is empty";
+			return -EINVAL;
+		}
+		return 0;
+	}
 	default:
 		*why = "not a string setting";
 		return -EINVAL;

@@ -122,6 +122,8 @@ struct kvp_config {
 	uint32_t tcp_tx_frames;
 	uint32_t tcp_send_iov;
 
+	char auth_secret[256]; /**< shared secret; empty = peers are not authenticated */
+
 	uint32_t npeers;
 	struct kvp_peer_conf peers[KVP_PEERS_MAX];
 };
@@ -263,10 +265,14 @@ struct kvp_wire_hello {
 	uint32_t max_inflight;	       /**< transfers the sender may have in flight */
 	uint32_t frame_max;	       /**< largest DATA payload the sender will send */
 	uint32_t status;	       /**< reply only: 0 or a kvp_hello_err */
-	uint32_t rsvd;
+	uint32_t flags;		       /**< KVP_HELLO_F_* */
+	uint8_t nonce[32];	       /**< random challenge (authenticated handshakes) */
+	uint8_t mac[32];	       /**< HMAC-SHA256 answer to the other side's nonce */
 };
 
-static_assert(sizeof(struct kvp_wire_hello) == 88, "wire ABI");
+#define KVP_HELLO_F_AUTH 0x1u /**< the sender holds the shared secret */
+
+static_assert(sizeof(struct kvp_wire_hello) == 152, "wire ABI");
 
 /**
  * Check a received header before trusting any field.
@@ -534,6 +540,7 @@ struct kvp_peer {
 	uint64_t deadline_ns;  /**< connect/handshake deadline */
 	uint64_t next_try_ns;  /**< reconnect time while down */
 	uint32_t backoff_ms;
+	uint8_t nonce[32];     /**< our challenge */
 	uint32_t have;	       /**< handshake bytes received */
 	alignas(8) uint8_t buf[sizeof(struct kvp_wire_hdr) + sizeof(struct kvp_wire_hello)];
 	uint64_t connects;
@@ -545,6 +552,11 @@ struct kvp_peer {
 /** An accepted peer connection whose HELLO has not arrived yet. */
 struct kvp_pending_conn {
 	int fd;
+	int peer;      /**< -1 until the HELLO named a configured peer */
+	bool auth;     /**< HELLO answered; waiting for the peer's proof */
+	uint64_t epoch;
+	uint8_t nonce[32]; /**< our challenge */
+	uint8_t their_nonce[32];
 	uint64_t deadline_ns;
 	uint32_t have;
 	alignas(8) uint8_t buf[sizeof(struct kvp_wire_hdr) + sizeof(struct kvp_wire_hello)];
@@ -602,6 +614,7 @@ struct kvp_node {
 	struct kvp_pending_conn pending[KVP_PENDING_MAX];
 	struct kvp_admin_conn admin[KVP_ADMIN_CONNS];
 	uint64_t bad_handshakes;
+	uint64_t auth_failures;
 	uint64_t next_reap_ns;
 	volatile bool quit;
 };

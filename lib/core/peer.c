@@ -18,6 +18,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
 #include <rte_mempool.h>
 
 #include "kvp_core.h"
@@ -30,6 +33,7 @@ enum hello_err {
 	HELLO_UNKNOWN_NODE = 1,
 	HELLO_WRONG_TARGET = 2,
 	HELLO_LIMITS = 3,
+	HELLO_AUTH = 4,
 };
 
 static const char *
@@ -42,6 +46,8 @@ hello_err_str(uint32_t e)
 		return "the remote node has a different node_id than configured";
 	case HELLO_LIMITS:
 		return "limits mismatch (max_inflight / tcp.frame_max larger than the remote's)";
+	case HELLO_AUTH:
+		return "authentication failed (auth secrets differ or are set on one side only)";
 	default:
 		return "refused";
 	}
@@ -92,7 +98,8 @@ kvp_peer_listen(struct kvp_node *n, char *err, size_t errlen)
 }
 
 static void
-fill_hello(struct kvp_node *n, uint8_t *buf, const char *to, uint64_t epoch, uint32_t status)
+fill_hello(struct kvp_node *n, uint8_t *buf, const char *to, uint64_t epoch, uint32_t status,
+	   const uint8_t *nonce, const uint8_t *mac)
 {
 	struct kvp_wire_hdr *h = (struct kvp_wire_hdr *)buf;
 	struct kvp_wire_hello *m = (struct kvp_wire_hello *)(buf + sizeof(*h));
@@ -105,6 +112,46 @@ fill_hello(struct kvp_node *n, uint8_t *buf, const char *to, uint64_t epoch, uin
 	m->max_inflight = n->cfg.max_inflight;
 	m->frame_max = n->cfg.tcp_frame_max;
 	m->status = status;
+	m->flags = n->cfg.auth_secret[0] ? KVP_HELLO_F_AUTH : 0;
+	if (nonce)
+		memcpy(m->nonce, nonce, sizeof(m->nonce));
+	if (mac)
+		memcpy(m->mac, mac, sizeof(m->mac));
+}
+
+/*
+ * Proof of the shared secret: HMAC-SHA256 over the role, the challenge being
+ * answered, our own challenge and both node ids, so a proof is bound to one
+ * handshake and one direction and cannot be replayed or reflected.
+ */
+static void
+hello_mac(const struct kvp_node *n, char role, const uint8_t *challenge, const uint8_t *own,
+	  const char *from, const char *to, uint8_t mac[32])
+{
+	uint8_t msg[1 + 32 + 32 + 2 * KVP_NODE_ID_MAX];
+	unsigned mlen = 32;
+
+	memset(msg, 0, sizeof(msg));
+	msg[0] = (uint8_t)role;
+	memcpy(msg + 1, challenge, 32);
+	memcpy(msg + 33, own, 32);
+	strncpy((char *)msg + 65, from, KVP_NODE_ID_MAX - 1);
+	strncpy((char *)msg + 65 + KVP_NODE_ID_MAX, to, KVP_NODE_ID_MAX - 1);
+	HMAC(EVP_sha256(), n->cfg.auth_secret, (int)strlen(n->cfg.auth_secret), msg, sizeof(msg),
+	     mac, &mlen);
+}
+
+static bool
+mac_ok(const uint8_t *a, const uint8_t *b)
+{
+	return CRYPTO_memcmp(a, b, 32) == 0;
+}
+
+static void
+random_bytes(void *p, size_t len)
+{
+	while (getrandom(p, len, 0) != (ssize_t)len)
+		;
 }
 
 /* Read what is available of a HELLO; @return 1 complete, 0 partial, <0 error. */
@@ -214,8 +261,9 @@ kvp_peer_out_event(struct kvp_node *n, uint16_t i, uint32_t events)
 			return;
 		}
 		uint8_t buf[HELLO_LEN];
-		getrandom(&p->epoch, sizeof(p->epoch), 0);
-		fill_hello(n, buf, n->cfg.peers[i].node_id, p->epoch, HELLO_OK);
+		random_bytes(&p->epoch, sizeof(p->epoch));
+		random_bytes(p->nonce, sizeof(p->nonce));
+		fill_hello(n, buf, n->cfg.peers[i].node_id, p->epoch, HELLO_OK, p->nonce, NULL);
 		if (send(p->out_fd, buf, sizeof(buf), MSG_DONTWAIT | MSG_NOSIGNAL) !=
 		    (ssize_t)sizeof(buf)) {
 			out_fail(n, i, "cannot send HELLO");
@@ -249,6 +297,26 @@ kvp_peer_out_event(struct kvp_node *n, uint16_t i, uint32_t events)
 		out_fail(n, i, "the remote answered with another node_id");
 		return;
 	}
+	if (n->cfg.auth_secret[0]) {
+		uint8_t want[32], proof[HELLO_LEN], mac[32];
+
+		hello_mac(n, 'A', p->nonce, m->nonce, n->cfg.peers[i].node_id, n->cfg.node_id,
+			  want);
+		if (!(m->flags & KVP_HELLO_F_AUTH) || !mac_ok(want, m->mac)) {
+			p->handshake_failures++;
+			n->auth_failures++;
+			out_fail(n, i, "the remote failed authentication");
+			return;
+		}
+		/* Our proof answers its challenge; the acceptor checks it before use. */
+		hello_mac(n, 'D', m->nonce, p->nonce, n->cfg.node_id, n->cfg.peers[i].node_id, mac);
+		fill_hello(n, proof, n->cfg.peers[i].node_id, p->epoch, HELLO_OK, p->nonce, mac);
+		if (send(p->out_fd, proof, sizeof(proof), MSG_DONTWAIT | MSG_NOSIGNAL) !=
+		    (ssize_t)sizeof(proof)) {
+			out_fail(n, i, "cannot send the authentication proof");
+			return;
+		}
+	}
 	int fd = p->out_fd;
 	kvp_node_unwatch(n, fd);
 	p->out_fd = -1;
@@ -278,6 +346,8 @@ kvp_peer_accept(struct kvp_node *n)
 			continue;
 		pc->fd = fd;
 		pc->have = 0;
+		pc->peer = -1;
+		pc->auth = false;
 		pc->deadline_ns = kvp_mono_ns() + (uint64_t)n->cfg.connect_timeout_ms * 1000000;
 		kvp_node_watch(n, fd, EPOLLIN | EPOLLRDHUP, KVP_EP_PEER_PENDING, i);
 		return;
@@ -294,6 +364,37 @@ pending_close(struct kvp_node *n, struct kvp_pending_conn *pc, bool handed)
 	if (!handed)
 		close(pc->fd);
 	pc->fd = -1;
+}
+
+static void
+pending_refuse(struct kvp_node *n, struct kvp_pending_conn *pc, const char *who, uint32_t status)
+{
+	uint8_t buf[HELLO_LEN];
+
+	n->bad_handshakes++;
+	if (status == HELLO_AUTH)
+		n->auth_failures++;
+	fill_hello(n, buf, who, 0, status, NULL, NULL);
+	if (send(pc->fd, buf, sizeof(buf), MSG_DONTWAIT | MSG_NOSIGNAL) < 0) {
+		/* The refusal is a courtesy; the close says the same. */
+	}
+	KVP_LOG_RL(WARNING, core, "peer '%s' refused: %s", who, hello_err_str(status));
+	pending_close(n, pc, false);
+}
+
+static void
+pending_accept(struct kvp_node *n, struct kvp_pending_conn *pc)
+{
+	int fd = pc->fd, idx = pc->peer;
+
+	pending_close(n, pc, true);
+	if (hand_over(n, (uint16_t)idx, fd, false, pc->epoch) < 0) {
+		close(fd);
+		return;
+	}
+	n->peers[idx].in_up = true;
+	KVP_LOG(INFO, core, "peer %s: accepted its connection%s", n->cfg.peers[idx].node_id,
+		n->cfg.auth_secret[0] ? " (authenticated)" : "");
 }
 
 void
@@ -315,6 +416,24 @@ kvp_peer_pending_input(struct kvp_node *n, uint32_t slot)
 	memcpy(&m, pc->buf + sizeof(struct kvp_wire_hdr), sizeof(m));
 	m.node_id[sizeof(m.node_id) - 1] = '\0';
 	m.to_node[sizeof(m.to_node) - 1] = '\0';
+	bool secret = n->cfg.auth_secret[0] != '\0';
+
+	if (pc->auth) {
+		/* Second message: the dialer's proof for our challenge. */
+		uint8_t want[32];
+		const char *who = n->cfg.peers[pc->peer].node_id;
+
+		hello_mac(n, 'D', pc->nonce, pc->their_nonce, who, n->cfg.node_id, want);
+		if (strcmp(m.node_id, who) != 0 || !mac_ok(want, m.mac)) {
+			n->bad_handshakes++;
+			n->auth_failures++;
+			KVP_LOG_RL(WARNING, core, "peer '%s' refused: bad authentication proof", who);
+			pending_close(n, pc, false);
+			return;
+		}
+		pending_accept(n, pc);
+		return;
+	}
 	int idx = kvp_config_peer_index(&n->cfg, m.node_id);
 	uint32_t status = HELLO_OK;
 
@@ -324,25 +443,34 @@ kvp_peer_pending_input(struct kvp_node *n, uint32_t slot)
 		status = HELLO_WRONG_TARGET;
 	else if (m.max_inflight > n->cfg.max_inflight || m.frame_max > n->cfg.tcp_frame_max)
 		status = HELLO_LIMITS;
-	uint8_t buf[HELLO_LEN];
-	fill_hello(n, buf, m.node_id, m.epoch, status);
-	bool sent = send(pc->fd, buf, sizeof(buf), MSG_DONTWAIT | MSG_NOSIGNAL) ==
-		    (ssize_t)sizeof(buf);
-	if (status != HELLO_OK || !sent) {
+	else if (secret != ((m.flags & KVP_HELLO_F_AUTH) != 0))
+		status = HELLO_AUTH;
+	if (status != HELLO_OK) {
+		pending_refuse(n, pc, m.node_id, status);
+		return;
+	}
+
+	uint8_t buf[HELLO_LEN], mac[32];
+	pc->peer = idx;
+	pc->epoch = m.epoch;
+	if (secret) {
+		memcpy(pc->their_nonce, m.nonce, sizeof(pc->their_nonce));
+		random_bytes(pc->nonce, sizeof(pc->nonce));
+		hello_mac(n, 'A', pc->their_nonce, pc->nonce, n->cfg.node_id, m.node_id, mac);
+	}
+	fill_hello(n, buf, m.node_id, m.epoch, HELLO_OK, secret ? pc->nonce : NULL,
+		   secret ? mac : NULL);
+	if (send(pc->fd, buf, sizeof(buf), MSG_DONTWAIT | MSG_NOSIGNAL) != (ssize_t)sizeof(buf)) {
 		n->bad_handshakes++;
-		KVP_LOG_RL(WARNING, core, "peer '%s' refused: %s", m.node_id,
-			   sent ? hello_err_str(status) : "cannot send HELLO");
 		pending_close(n, pc, false);
 		return;
 	}
-	int fd = pc->fd;
-	pending_close(n, pc, true);
-	if (hand_over(n, (uint16_t)idx, fd, false, m.epoch) < 0) {
-		close(fd);
+	if (secret) {
+		pc->auth = true;
+		pc->have = 0;
 		return;
 	}
-	n->peers[idx].in_up = true;
-	KVP_LOG(INFO, core, "peer %s: accepted its connection", m.node_id);
+	pending_accept(n, pc);
 }
 
 void

@@ -98,6 +98,21 @@ main(int argc, char **argv)
 	expect_error("node_id = \"n1\";\nlimits = { sq_entries = 512; max_segments = 512; };\n",
 		     2, "must exceed");
 
+	/* The shared secret comes inline or from the first line of a file. */
+	CHECK_EQ(load_text("node_id = \"n1\";\nauth = { secret = \"abc\"; };\n", &cfg, err,
+			   sizeof(err)),
+		 0);
+	CHECK(strcmp(cfg.auth_secret, "abc") == 0);
+	char sf[] = "/tmp/kvp-test-secret-XXXXXX", text[256];
+	int sfd = mkstemp(sf);
+	CHECK(sfd >= 0 && write(sfd, "from-file\nignored\n", 19) == 19);
+	close(sfd);
+	snprintf(text, sizeof(text), "node_id = \"n1\";\nauth = { secret_file = \"%s\"; };\n", sf);
+	CHECK_EQ(load_text(text, &cfg, err, sizeof(err)), 0);
+	CHECK(strcmp(cfg.auth_secret, "from-file") == 0);
+	unlink(sf);
+	expect_error(text, 2, "cannot read the secret file");
+
 	/* A missing file is ENOENT, not a crash. */
 	CHECK_EQ(kvp_config_load("/nonexistent/kvp.conf", &cfg, err, sizeof(err)), -ENOENT);
 	CHECK(strstr(err, "/nonexistent/kvp.conf:0:") == err);
