@@ -52,6 +52,7 @@ struct opts {
 	double timeout_s;      /* decode: whole run; bad: per case */
 	double wait_key_s;
 	bool json;
+	bool linear; /* destination layout = source layout (KV pages of one request) */
 };
 
 struct seg {
@@ -184,7 +185,7 @@ plan_build(struct plan *p, const struct opts *o)
 	s = mix64(o->seed ^ 0x53687566666c6521ull);
 	for (size_t i = 0; i < p->nseg; i++)
 		perm[i] = i;
-	for (size_t i = p->nseg - 1; i > 0; i--) {
+	for (size_t i = p->nseg - 1; i > 0 && !o->linear; i--) {
 		size_t j = (size_t)below(&s, i + 1), t = perm[i];
 
 		perm[i] = perm[j];
@@ -695,6 +696,7 @@ static const struct optdef {
 	{ "timeout", O_SEC, offsetof(struct opts, timeout_s) },
 	{ "wait-key", O_SEC, offsetof(struct opts, wait_key_s) },
 	{ "json", O_FLAG, offsetof(struct opts, json) },
+	{ "linear", O_FLAG, offsetof(struct opts, linear) },
 };
 
 #define NOPTS (sizeof(optdefs) / sizeof(optdefs[0]))
@@ -712,6 +714,8 @@ usage(FILE *f)
 	      "                        [--seed N] [--timeout SEC] [--wait-key SEC] [plan flags]\n"
 	      "plan flags (must match on both sides): --min-seg BYTES (4096)\n"
 	      "  --max-seg BYTES (8388608) --segs-per-xfer K (16)\n"
+	      "  --linear: destination offsets equal source offsets (contiguous KV pages,\n"
+	      "  which the daemon may coalesce), instead of a shuffled layout\n"
 	      "Sizes take k/m/g suffixes (powers of 1024). In prefill --json, gbps is Gbit/s.\n"
 	      "bad's good transfer is transfer 0 of the plan for its --size (1m) and --seed.\n",
 	      f);
