@@ -34,6 +34,7 @@ struct totals {
 	uint64_t submitted;
 	uint64_t landed;
 	uint64_t done;
+	uint64_t hwm;
 	uint32_t inflight;
 };
 
@@ -67,6 +68,7 @@ gather(const struct kvp_node *n, struct totals *t)
 		}
 		t->submitted += KVP_STAT_READ(s->xfers_submitted);
 		t->landed += KVP_STAT_READ(s->xfers_landed);
+		t->hwm += KVP_STAT_READ(s->inflight_hwm);
 		t->inflight += n->workers[w].nxfers -
 			       __atomic_load_n(&n->workers[w].nfree, __ATOMIC_RELAXED);
 	}
@@ -185,7 +187,8 @@ m_stats(struct kvp_node *n, json_t *params)
 					   (json_int_t)KVP_STAT_READ(s->idle_ns), "sleeps",
 					   (json_int_t)KVP_STAT_READ(s->sleeps)));
 	}
-	json_t *totals = json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:i, s:I, s:I}", "tx_bytes",
+	json_t *totals = json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:i, s:I, s:I, s:I, s:i}",
+				   "tx_bytes",
 				   (json_int_t)t.all.tx_bytes, "rx_bytes",
 				   (json_int_t)t.all.rx_bytes, "xfers_submitted",
 				   (json_int_t)t.submitted, "xfers_done", (json_int_t)t.done,
@@ -193,7 +196,8 @@ m_stats(struct kvp_node *n, json_t *params)
 				   (json_int_t)t.all.tx_frames, "frames_rx",
 				   (json_int_t)t.all.rx_frames, "inflight", (int)t.inflight,
 				   "bad_handshakes", (json_int_t)n->bad_handshakes, "auth_failures",
-				   (json_int_t)n->auth_failures);
+				   (json_int_t)n->auth_failures, "inflight_hwm", (json_int_t)t.hwm,
+				   "inflight_max", (int)(n->cfg.max_inflight * n->nworkers));
 	return json_pack("{s:s, s:f, s:s, s:o, s:o, s:o, s:o, s:o, s:i}", "node_id",
 			 n->cfg.node_id, "uptime_s", uptime_s(n), "transport", n->tops->name,
 			 "totals", totals, "completions", comp, "peers", peers, "clients",
@@ -225,6 +229,29 @@ m_peers(struct kvp_node *n, json_t *params)
 	return json_pack("{s:o}", "peers", arr);
 }
 
+static json_t *
+m_cancel(struct kvp_node *n, json_t *params)
+{
+	json_int_t client = -1, user_id = -1;
+
+	if (!params || json_unpack(params, "{s:I, s:I}", "client", &client, "user_id", &user_id) < 0 ||
+	    client < 0 || user_id < 0)
+		return NULL;
+	uint32_t slot = kvp_client_slot((uint32_t)client);
+	if (slot >= n->cfg.max_clients || n->clients[slot].state != KVP_CL_ACTIVE ||
+	    n->clients[slot].id != (uint32_t)client)
+		return json_pack("{s:b, s:s}", "sent", 0, "reason", "no such client");
+	struct kvp_msg *m = kvp_node_msg(n, KVP_MSG_CANCEL);
+	if (!m)
+		return json_pack("{s:b, s:s}", "sent", 0, "reason", "control message pool empty");
+	m->client = (uint32_t)client;
+	m->user_id = (uint64_t)user_id;
+	if (kvp_node_send(n, n->clients[slot].worker, m) < 0)
+		return json_pack("{s:b, s:s}", "sent", 0, "reason", "worker inbox full");
+	/* The client sees the outcome as the transfer's completion ("canceled"). */
+	return json_pack("{s:b}", "sent", 1);
+}
+
 struct method {
 	const char *name;
 	json_t *(*fn)(struct kvp_node *n, json_t *params); /* NULL result = invalid params */
@@ -234,6 +261,7 @@ static const struct method methods[] = {
 	{ "status", m_status },
 	{ "stats", m_stats },
 	{ "peers", m_peers },
+	{ "cancel", m_cancel },
 };
 
 static size_t
@@ -513,6 +541,11 @@ kvp_stats_prometheus(const struct kvp_node *n, char *out, size_t outlen)
 	pb(&b, "kvproxy_transfers_landed_total{node=\"%s\"} %" PRIu64 "\n", node, t.landed);
 	head(&b, "kvproxy_transfers_inflight", "gauge", "Transfers in flight.");
 	pb(&b, "kvproxy_transfers_inflight{node=\"%s\"} %u\n", node, t.inflight);
+	head(&b, "kvproxy_transfers_inflight_max", "gauge", "Transfer slots (limits.max_inflight).");
+	pb(&b, "kvproxy_transfers_inflight_max{node=\"%s\"} %u\n", node,
+	   n->cfg.max_inflight * n->nworkers);
+	head(&b, "kvproxy_transfers_inflight_high_water", "gauge", "Most transfer slots in use at once.");
+	pb(&b, "kvproxy_transfers_inflight_high_water{node=\"%s\"} %" PRIu64 "\n", node, t.hwm);
 	head(&b, "kvproxy_clients", "gauge", "Connected clients.");
 	pb(&b, "kvproxy_clients{node=\"%s\"} %u\n", node, n->nclients);
 	head(&b, "kvproxy_regions", "gauge", "Registered regions.");

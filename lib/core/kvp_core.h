@@ -313,6 +313,8 @@ struct kvp_worker_stats {
 	uint64_t sleeps;
 	uint64_t xfers_submitted;
 	uint64_t xfers_landed;
+	uint64_t inflight_hwm; /**< most transfer slots ever in use at once */
+	uint64_t admin_cancels;
 	uint64_t completions[KVP_STATUS_MAX];
 	struct kvp_peer_stats peer[KVP_PEERS_MAX];
 };
@@ -435,6 +437,7 @@ enum kvp_msg_type {
 	KVP_MSG_CONN_ADD,     /**< main -> worker: handshaken connection */
 	KVP_MSG_CONN_DOWN,    /**< worker -> main: connection closed */
 	KVP_MSG_QUIT,
+	KVP_MSG_CANCEL, /**< main -> worker: cancel (client, user_id) from the admin socket */
 };
 
 struct kvp_msg {
@@ -444,6 +447,8 @@ struct kvp_msg {
 	int fd;
 	uint64_t epoch;
 	struct kvp_chan *chan;
+	uint32_t client;  /**< CANCEL: client id */
+	uint64_t user_id; /**< CANCEL */
 	char reason[64];
 };
 

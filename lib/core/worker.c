@@ -290,6 +290,8 @@ chan_del(struct kvp_worker *w, struct kvp_chan *ch)
 	send_main(w, KVP_MSG_CHAN_GONE, 0, false, ch, NULL);
 }
 
+static void cancel_user(struct kvp_worker *w, struct kvp_chan *ch, uint64_t user_id);
+
 int
 kvp_worker_inbox(struct kvp_worker *w)
 {
@@ -320,6 +322,16 @@ kvp_worker_inbox(struct kvp_worker *w)
 		case KVP_MSG_QUIT:
 			w->quit = true;
 			break;
+		case KVP_MSG_CANCEL: {
+			uint32_t slot = kvp_client_slot(m->client);
+			struct kvp_chan *ch = slot < w->chan_slots ? w->chans[slot] : NULL;
+
+			if (ch && ch->id == m->client) {
+				KVP_STAT_ADD(w->stats.admin_cancels, 1);
+				cancel_user(w, ch, m->user_id);
+			}
+			break;
+		}
 		default:
 			break;
 		}
@@ -451,6 +463,8 @@ poll_chan(struct kvp_worker *w, struct kvp_chan *ch, uint64_t now)
 		}
 
 		struct kvp_xfer *x = &w->xfers[w->free_idx[--w->nfree]];
+		if (w->nxfers - w->nfree > w->stats.inflight_hwm)
+			KVP_STAT_ADD(w->stats.inflight_hwm, w->nxfers - w->nfree - w->stats.inflight_hwm);
 		x->state = KVP_XS_ACTIVE;
 		x->chan = ch;
 		x->peer = h.peer;
