@@ -291,7 +291,7 @@ size_t
 kvp_admin_handle(struct kvp_node *n, const char *line, size_t len, char *out, size_t outlen)
 {
 	json_error_t jerr;
-	json_t *req = json_loadb(line, len, JSON_REJECT_DUPLICATES, &jerr);
+	json_t *req = json_loadb(line, len, JSON_REJECT_DUPLICATES | JSON_DECODE_ANY, &jerr);
 	json_t *id, *params, *jm, *jv;
 	size_t rlen;
 

@@ -1,0 +1,382 @@
+# SPDX-License-Identifier: BSD-3-Clause
+# shellcheck shell=bash
+# Helpers for the integ suite: network namespaces joined by a veth pair,
+# kvproxyd configs and daemons, bounded waits, JSON checks.
+#
+# Source it from a test script (bash, set -euo pipefail). Binaries come
+# from the environment (meson sets them): KVPROXYD, KVPROXYCTL, KVPROXY_BENCH.
+# Exit codes: 0 pass, 1 fail, 77 skip (with the reason), 99 setup broke.
+# Set KVP_KEEP=1 to keep the temp dir (configs, logs) after the test.
+
+KVP_TEST=$(basename "$0" .sh)
+KVP_TMP=""
+KVP_PIDS=()     # every background process this test started
+KVP_NETNS=()    # namespaces this test created
+KVP_DAEMON_LOGS=()
+
+log() { printf '[%s %s] %s\n' "$(date +%T.%3N)" "$KVP_TEST" "$*" >&2; }
+fail() { log "FAIL: $*"; exit 1; }
+skip() { log "SKIP: $*"; exit 77; }
+setup_fail() { log "SETUP ERROR: $*"; exit 99; }
+
+# Seconds (fractional) since the epoch, for bounded waits.
+now() { date +%s.%N; }
+# True while now < $1.
+before() { awk -v d="$1" -v n="$(now)" 'BEGIN { exit !(n < d) }'; }
+deadline_in() { awk -v s="$1" -v n="$(now)" 'BEGIN { printf "%.3f", n + s }'; }
+
+# Poll interval of the bounded waits below: they re-check a condition until a
+# deadline, they never wait a fixed time for something to have happened.
+KVP_POLL=0.1
+
+# ---- preconditions ----
+
+require_root() {
+	[[ $(id -u) -eq 0 ]] || skip "needs root ($1)"
+}
+
+require_netns() {
+	require_root "network namespaces, veth"
+	command -v ip >/dev/null || skip "'ip' (iproute2) is not installed"
+	local probe="kvpprobe$$"
+	ip netns add "$probe" 2>/dev/null || skip "'ip netns add' does not work here (no netns support?)"
+	ip netns del "$probe" || true
+}
+
+require_bins() {
+	local v
+	for v in KVPROXYD KVPROXYCTL KVPROXY_BENCH; do
+		[[ -n ${!v:-} ]] || setup_fail "\$$v is not set (meson defines it from kvproxyd_exe, kvproxyctl_exe, kvproxy_bench_exe; run through 'meson test')"
+		[[ -x ${!v} ]] || setup_fail "\$$v=${!v} is not an executable"
+	done
+	command -v python3 >/dev/null || setup_fail "python3 is needed for JSON checks"
+}
+
+# ---- temp dir and cleanup ----
+
+init_test() {
+	trap cleanup EXIT
+	trap 'exit 130' INT
+	trap 'exit 143' TERM
+	KVP_TMP=$(mktemp -d "/tmp/kvp-${KVP_TEST#test_}.XXXXXX") || setup_fail "mktemp failed"
+	log "temp dir $KVP_TMP"
+}
+
+# Stop one pid we started: TERM, bounded wait, then KILL. Returns its exit status.
+stop_pid() {
+	local pid=$1 limit=${2:-15} dl rc=0
+	kill -0 "$pid" 2>/dev/null || { wait "$pid" 2>/dev/null || rc=$?; return $rc; }
+	kill -TERM "$pid" 2>/dev/null || true
+	dl=$(deadline_in "$limit")
+	while kill -0 "$pid" 2>/dev/null && before "$dl"; do
+		# A zombie child stays visible to kill -0 until reaped; stop on it.
+		[[ $(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null) == Z ]] && break
+		sleep "$KVP_POLL"
+	done
+	if kill -0 "$pid" 2>/dev/null && [[ $(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null) != Z ]]; then
+		log "pid $pid did not stop within ${limit}s after TERM; sending KILL"
+		kill -KILL "$pid" 2>/dev/null || true
+	fi
+	wait "$pid" 2>/dev/null || rc=$?
+	return $rc
+}
+
+cleanup() {
+	local rc=$? i ns f
+	set +e
+	# Newest first: clients before the daemons they talk to.
+	for ((i = ${#KVP_PIDS[@]} - 1; i >= 0; i--)); do
+		stop_pid "${KVP_PIDS[i]}" 15 >/dev/null 2>&1
+	done
+	if [[ $rc -ne 0 && $rc -ne 77 ]]; then
+		for f in "${KVP_DAEMON_LOGS[@]}"; do
+			[[ -f $f ]] || continue
+			log "---- last lines of $f ----"
+			tail -n 40 "$f" >&2
+		done
+	fi
+	for ns in "${KVP_NETNS[@]}"; do
+		ip netns del "$ns" 2>/dev/null
+	done
+	if [[ -n $KVP_TMP && -d $KVP_TMP ]]; then
+		if [[ -n ${KVP_KEEP:-} ]]; then
+			log "kept $KVP_TMP"
+		else
+			rm -rf "$KVP_TMP"
+		fi
+	fi
+	case $rc in
+	0) log "${KVP_OK_WORD:-PASS}" ;;
+	77) ;;
+	*) log "exit $rc" ;;
+	esac
+	exit "$rc"
+}
+
+# Remember a background pid for cleanup.
+track() { KVP_PIDS+=("$1"); }
+
+# Forget a pid we already reaped ourselves.
+untrack() {
+	local p keep=()
+	for p in "${KVP_PIDS[@]}"; do
+		[[ $p == "$1" ]] || keep+=("$p")
+	done
+	KVP_PIDS=("${keep[@]}")
+}
+
+# ---- network namespaces ----
+
+# netns_pair SUBNET: namespaces $NS_P and $NS_D joined by a veth pair,
+# addresses $ADDR_P=10.77.SUBNET.1 and $ADDR_D=10.77.SUBNET.2, loopback up in each.
+# Names carry the pid so concurrent or leftover runs do not collide.
+netns_pair() {
+	local subnet=$1 tag=${KVP_TEST#test_}
+	tag=${tag:0:2}
+	NS_P="kvp-${KVP_TEST#test_}-$$-p"
+	NS_D="kvp-${KVP_TEST#test_}-$$-d"
+	VETH_P="kv${tag}$$p" # <= 2+2+7+1 chars, under IFNAMSIZ
+	VETH_D="kv${tag}$$d"
+	ADDR_P="10.77.${subnet}.1"
+	ADDR_D="10.77.${subnet}.2"
+
+	ip netns add "$NS_P" || setup_fail "ip netns add $NS_P"
+	KVP_NETNS+=("$NS_P")
+	ip netns add "$NS_D" || setup_fail "ip netns add $NS_D"
+	KVP_NETNS+=("$NS_D")
+	ip link add "$VETH_P" netns "$NS_P" type veth peer name "$VETH_D" netns "$NS_D" ||
+		setup_fail "cannot create veth pair $VETH_P/$VETH_D"
+	ip -n "$NS_P" addr add "$ADDR_P/24" dev "$VETH_P"
+	ip -n "$NS_D" addr add "$ADDR_D/24" dev "$VETH_D"
+	ip -n "$NS_P" link set lo up
+	ip -n "$NS_D" link set lo up
+	ip -n "$NS_P" link set "$VETH_P" up
+	ip -n "$NS_D" link set "$VETH_D" up
+	log "namespaces $NS_P ($ADDR_P) <-> $NS_D ($ADDR_D)"
+}
+
+# in_ns NS CMD...: run CMD inside NS, or on the host when NS is empty.
+in_ns() {
+	local ns=$1
+	shift
+	if [[ -n $ns ]]; then
+		ip netns exec "$ns" "$@"
+	else
+		"$@"
+	fi
+}
+
+# spawn NS OUT ERR CMD...: run CMD in the background inside NS (NS empty: on
+# the host), stdout to OUT, stderr to ERR (ERR "-": to OUT as well). Sets
+# SPAWNED to CMD's own pid (a simple command started with & is exec'd by the
+# forked shell, and 'ip netns exec' execs CMD), so signals reach CMD itself.
+spawn() {
+	local ns=$1 out=$2 err=$3
+	shift 3
+	if [[ -n $ns ]]; then
+		set -- ip netns exec "$ns" "$@"
+	fi
+	if [[ $err == - ]]; then
+		"$@" >"$out" 2>&1 &
+	else
+		"$@" >"$out" 2>"$err" &
+	fi
+	SPAWNED=$!
+	track "$SPAWNED"
+}
+
+# ---- kvproxyd ----
+
+# write_conf NODE_ID LISTEN PEER_ID PEER_ADDR [EXTRA]: writes $KVP_TMP/NODE_ID.conf
+# with sockets $KVP_TMP/NODE_ID.sock and $KVP_TMP/NODE_ID.admin.
+write_conf() {
+	local id=$1 listen=$2 peer=$3 peer_addr=$4 extra=${5:-}
+	cat >"$KVP_TMP/$id.conf" <<EOF
+# generated by $KVP_TEST
+node_id = "$id";
+client_socket = "$KVP_TMP/$id.sock";
+admin_socket = "$KVP_TMP/$id.admin";
+listen = "$listen";
+transport = "tcp";
+log_level = "info";
+timeouts = {
+	peer_ms = 1000;
+	reconnect_ms = 100;
+};
+$extra
+peers = (
+	{ node_id = "$peer"; addr = "$peer_addr"; }
+);
+EOF
+}
+
+sock_of() { echo "$KVP_TMP/$1.sock"; }
+admin_of() { echo "$KVP_TMP/$1.admin"; }
+
+# EAL arguments shared by every daemon of the suite (no hugepages, no shared
+# config, so several primaries can run on one host).
+KVP_EAL=(-l "0,1" --no-huge --no-shconf -m 256 --log-level=lib.eal:error)
+
+# start_daemon NODE_ID NS: starts kvproxyd in the background (NS empty: on
+# the host); its pid goes to DPID[NODE_ID], its output to $KVP_TMP/NODE_ID.log.
+declare -A DPID=()
+start_daemon() {
+	local id=$1 ns=$2 logf="$KVP_TMP/$1.log"
+	KVP_DAEMON_LOGS+=("$logf")
+	spawn "$ns" "$logf" - "$KVPROXYD" "${KVP_EAL[@]}" -- -c "$KVP_TMP/$id.conf"
+	DPID[$id]=$SPAWNED
+	log "started kvproxyd $id (pid ${DPID[$id]}${ns:+, netns $ns})"
+}
+
+daemon_alive() {
+	local pid=${DPID[$1]}
+	kill -0 "$pid" 2>/dev/null && [[ $(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null) != Z ]]
+}
+
+# ctl NODE_ID ARGS...: kvproxyctl against NODE_ID's admin socket.
+ctl() {
+	local id=$1
+	shift
+	"$KVPROXYCTL" -s "$(admin_of "$id")" --timeout 10 "$@"
+}
+
+# wait_admin NODE_ID [SECONDS]: until 'kvproxyctl status' answers.
+wait_admin() {
+	local id=$1 dl
+	dl=$(deadline_in "${2:-60}")
+	while before "$dl"; do
+		daemon_alive "$id" || fail "kvproxyd $id exited during start-up (see its log below)"
+		if [[ -S $(admin_of "$id") ]] &&
+			"$KVPROXYCTL" -s "$(admin_of "$id")" --timeout 2 status >/dev/null 2>&1; then
+			log "kvproxyd $id answers on its admin socket"
+			return 0
+		fi
+		sleep "$KVP_POLL"
+	done
+	fail "kvproxyd $id: admin socket did not answer 'status' within ${2:-60}s"
+}
+
+# peer_state NODE_ID PEER_ID: prints the state kvproxyctl peers reports.
+peer_state() {
+	local f="$KVP_TMP/peers.json"
+	if ctl "$1" --json peers >"$f" 2>/dev/null; then
+		json_get "$f" "peer('$2').get('state', '?')" 2>/dev/null || echo "absent"
+	else
+		echo "no answer"
+	fi
+}
+
+# wait_peer_up NODE_ID PEER_ID [SECONDS]
+wait_peer_up() {
+	local id=$1 peer=$2 dl st=""
+	dl=$(deadline_in "${3:-60}")
+	while before "$dl"; do
+		daemon_alive "$id" || fail "kvproxyd $id exited while waiting for peer $peer"
+		st=$(peer_state "$id" "$peer")
+		if [[ $st == up ]]; then
+			log "$id sees peer $peer up"
+			return 0
+		fi
+		sleep "$KVP_POLL"
+	done
+	fail "$id: peer $peer not up within ${3:-60}s (last state: $st)"
+}
+
+# start_pair SUBNET: namespaces, configs, both daemons, peers up.
+start_pair() {
+	netns_pair "$1"
+	write_conf prefill0 "$ADDR_P:7400" decode0 "$ADDR_D:7400" "${2:-}"
+	write_conf decode0 "$ADDR_D:7400" prefill0 "$ADDR_P:7400" "${2:-}"
+	start_daemon prefill0 "$NS_P"
+	start_daemon decode0 "$NS_D"
+	wait_admin prefill0
+	wait_admin decode0
+	wait_peer_up prefill0 decode0
+	wait_peer_up decode0 prefill0
+}
+
+# stop_daemon_checked NODE_ID: TERM, and assert a clean exit (status 0, no
+# sanitizer report in its log).
+stop_daemon_checked() {
+	local id=$1 pid=${DPID[$1]} rc=0
+	daemon_alive "$id" || fail "kvproxyd $id is not running any more"
+	stop_pid "$pid" 30 || rc=$?
+	untrack "$pid"
+	[[ $rc -eq 0 ]] || fail "kvproxyd $id exited with status $rc after SIGTERM"
+	if grep -qE 'ERROR: (AddressSanitizer|LeakSanitizer)|runtime error:' "$KVP_TMP/$id.log"; then
+		fail "kvproxyd $id: sanitizer report in its log"
+	fi
+	log "kvproxyd $id stopped cleanly"
+}
+
+# ---- JSON checks (python3's json, no jq needed) ----
+# Expressions see d (the document) and peer(NAME) (its "peers" entry for NAME).
+
+stats_json() { ctl "$1" --json stats; }
+
+KVP_PYEVAL='
+import json, sys
+d = json.load(open(sys.argv[2]))
+def peer(name):
+    return next(p for p in d["peers"] if p.get("node_id") == name)
+v = eval(sys.argv[3], {"d": d, "peer": peer})
+if sys.argv[1] == "get":
+    print(json.dumps(v) if isinstance(v, (dict, list)) else v)
+else:
+    sys.exit(0 if v else 1)
+'
+
+# json_get FILE EXPR: prints EXPR.
+json_get() { python3 -c "$KVP_PYEVAL" get "$1" "$2"; }
+
+# json_check FILE EXPR MESSAGE: fails the test unless EXPR is true.
+json_check() {
+	if ! python3 -c "$KVP_PYEVAL" check "$1" "$2"; then
+		log "document: $(head -c 4000 "$1")"
+		fail "$3 (check: $2)"
+	fi
+}
+
+# wait_json NODE_ID METHOD EXPR SECONDS WHAT: until EXPR holds for the result of
+# 'kvproxyctl --json METHOD' (status/stats/peers).
+wait_json() {
+	local id=$1 method=$2 expr=$3 secs=$4 what=$5 dl f="$KVP_TMP/wait.json"
+	dl=$(deadline_in "$secs")
+	while before "$dl"; do
+		daemon_alive "$id" || fail "kvproxyd $id died while waiting for: $what"
+		if ctl "$id" --json "$method" >"$f" 2>/dev/null &&
+			python3 -c "$KVP_PYEVAL" check "$f" "$expr" 2>/dev/null; then
+			return 0
+		fi
+		sleep "$KVP_POLL"
+	done
+	log "last $method of $id: $(head -c 4000 "$f" 2>/dev/null)"
+	fail "$id: not within ${secs}s: $what"
+}
+
+# wait_file FILE SECONDS PID: until FILE exists and is non-empty (PID must stay alive).
+wait_file() {
+	local f=$1 dl
+	dl=$(deadline_in "$2")
+	while before "$dl"; do
+		[[ -s $f ]] && return 0
+		if [[ -n ${3:-} ]] && ! kill -0 "$3" 2>/dev/null; then
+			fail "process $3 exited before writing $f"
+		fi
+		sleep "$KVP_POLL"
+	done
+	fail "$f did not appear within ${2}s"
+}
+
+# wait_pid PID SECONDS: wait for a child to exit, bounded; returns its status.
+wait_pid() {
+	local pid=$1 dl rc=0
+	dl=$(deadline_in "$2")
+	while kill -0 "$pid" 2>/dev/null && [[ $(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null) != Z ]]; do
+		before "$dl" || fail "pid $pid still running after ${2}s"
+		sleep "$KVP_POLL"
+	done
+	wait "$pid" || rc=$?
+	untrack "$pid"
+	return $rc
+}

@@ -1,0 +1,131 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
+# Build kvproxy twice — plain (build/) and with address+undefined sanitizers
+# (build-san/) — and run the unit and integ suites in each. Prints skipped
+# tests with their reason, and as the last line "N passed, N failed, N skipped".
+# Exits non-zero if anything failed (a build failure counts as a failure).
+#
+# Usage: sudo ./tools/test.sh [--no-deps] [--no-san] [--builddir DIR] [--suite NAME]...
+#   --no-deps       do not check/install Debian packages
+#   --no-san        only the plain build
+#   --builddir DIR  build in DIR and DIR-san (default: build, build-san)
+#   --suite NAME    run these meson suites instead of "unit" and "integ"
+set -uo pipefail
+
+cd "$(dirname "$0")/.." || exit 1
+
+usage() {
+	echo "usage: $0 [--no-deps] [--no-san] [--builddir DIR] [--suite NAME]..." >&2
+	exit 2
+}
+
+deps=1
+san=1
+builddir=build
+suites=()
+while [[ $# -gt 0 ]]; do
+	case $1 in
+	--no-deps) deps=0 ;;
+	--no-san) san=0 ;;
+	--builddir | --suite)
+		[[ $# -ge 2 ]] || usage
+		if [[ $1 == --suite ]]; then suites+=("$2"); else builddir=$2; fi
+		shift
+		;;
+	-h | --help)
+		sed -n '3,12p' "$0" | sed 's/^# \{0,1\}//'
+		exit 0
+		;;
+	*) usage ;;
+	esac
+	shift
+done
+[[ ${#suites[@]} -gt 0 ]] || suites=(unit integ)
+builds=("$builddir")
+[[ $san -eq 0 ]] || builds+=("$builddir-san")
+
+if [[ $deps -eq 1 ]]; then
+	./tools/deps.sh || { echo "dependency installation failed"; echo "0 passed, 1 failed"; exit 1; }
+fi
+if [[ $(id -u) -ne 0 ]]; then
+	echo "note: not root: the integ suite will skip (it needs network namespaces)"
+fi
+
+setup_opts() {
+	case $1 in
+	*-san) echo "-Db_sanitize=address,undefined -Db_lundef=false" ;;
+	esac
+}
+
+# Sanitized binaries stop at the first report, with a stack trace.
+export ASAN_OPTIONS="halt_on_error=1:abort_on_error=1:print_stacktrace=1:detect_leaks=1:symbolize=1"
+export UBSAN_OPTIONS="halt_on_error=1:abort_on_error=1:print_stacktrace=1:symbolize=1"
+
+suite_args=()
+for s in "${suites[@]}"; do
+	suite_args+=(--suite "$s")
+done
+
+build_failures=()
+ran=()
+for b in "${builds[@]}"; do
+	echo "==== $b: configure and build"
+	# shellcheck disable=SC2046 # the options are words on purpose
+	if [[ ! -f $b/build.ninja ]] && ! meson setup "$b" $(setup_opts "$b") </dev/null; then
+		build_failures+=("$b: meson setup failed")
+		continue
+	fi
+	if ! ninja -C "$b" </dev/null; then
+		build_failures+=("$b: build failed")
+		continue
+	fi
+	echo "==== $b: meson test ${suite_args[*]}"
+	rm -f "$b/meson-logs/testlog.json"
+	meson test -C "$b" --print-errorlogs "${suite_args[@]}" </dev/null
+	ran+=("$b")
+done
+
+# Totals from meson's testlog.json (one JSON object per test), plus build failures.
+python3 - "${ran[@]}" -- "${build_failures[@]}" <<'EOF'
+import json, os, sys
+
+args = sys.argv[1:]
+sep = args.index("--")
+builds, build_failures = args[:sep], args[sep + 1:]
+passed, failed, skipped = [], [], []
+for b in builds:
+    path = os.path.join(b, "meson-logs", "testlog.json")
+    if not os.path.exists(path):
+        failed.append((b, "no testlog.json (meson test did not run?)"))
+        continue
+    for line in open(path):
+        line = line.strip()
+        if not line:
+            continue
+        t = json.loads(line)
+        name = "%s: %s" % (b, t.get("name", "?"))
+        res = t.get("result", "?")
+        out = (t.get("stdout") or "") + "\n" + (t.get("stderr") or "")
+        lines = [l.strip() for l in out.splitlines() if l.strip()]
+        if res in ("OK", "EXPECTEDFAIL"):
+            passed.append(name)
+        elif res == "SKIP":
+            why = [l for l in lines if "SKIP" in l] or lines[-1:] or ["(no reason printed)"]
+            skipped.append((name, why[-1]))
+        else:
+            why = [l for l in lines if "FAIL:" in l or "SETUP ERROR" in l]
+            failed.append((name, res + (": " + why[0] if why else "")))
+for f in build_failures:
+    failed.append((f, "BUILD"))
+
+if failed:
+    print("failed:")
+    for n, why in failed:
+        print("  %s (%s)" % (n, why))
+if skipped:
+    print("skipped:")
+    for n, why in skipped:
+        print("  %s: %s" % (n, why))
+print("%d passed, %d failed, %d skipped" % (len(passed), len(failed), len(skipped)))
+sys.exit(1 if failed else 0)
+EOF
