@@ -17,6 +17,7 @@ PACKAGES=(
 	liburing-dev
 	meson
 	ninja-build
+	nftables
 	pkg-config
 	python3
 )
