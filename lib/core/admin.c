@@ -35,6 +35,10 @@ struct totals {
 	uint64_t landed;
 	uint64_t done;
 	uint64_t hwm;
+	uint64_t stage_bufs;
+	uint64_t stage_used;
+	uint64_t stage_hwm;
+	uint64_t stage_waits;
 	uint32_t inflight;
 };
 
@@ -69,6 +73,10 @@ gather(const struct kvp_node *n, struct totals *t)
 		t->submitted += KVP_STAT_READ(s->xfers_submitted);
 		t->landed += KVP_STAT_READ(s->xfers_landed);
 		t->hwm += KVP_STAT_READ(s->inflight_hwm);
+		t->stage_bufs += KVP_STAT_READ(s->stage_bufs);
+		t->stage_used += KVP_STAT_READ(s->stage_used);
+		t->stage_hwm += KVP_STAT_READ(s->stage_hwm);
+		t->stage_waits += KVP_STAT_READ(s->stage_waits);
 		t->inflight += n->workers[w].nxfers -
 			       __atomic_load_n(&n->workers[w].nfree, __ATOMIC_RELAXED);
 	}
@@ -198,10 +206,16 @@ m_stats(struct kvp_node *n, json_t *params)
 				   "bad_handshakes", (json_int_t)n->bad_handshakes, "auth_failures",
 				   (json_int_t)n->auth_failures, "inflight_hwm", (json_int_t)t.hwm,
 				   "inflight_max", (int)(n->cfg.max_inflight * n->nworkers));
-	return json_pack("{s:s, s:f, s:s, s:o, s:o, s:o, s:o, s:o, s:i}", "node_id",
+	json_t *stage = json_pack("{s:I, s:I, s:I, s:I, s:I, s:b}", "buffers",
+				  (json_int_t)t.stage_bufs, "buffer_bytes",
+				  (json_int_t)n->cfg.stage_buf, "in_use", (json_int_t)t.stage_used,
+				  "high_water", (json_int_t)t.stage_hwm, "waits",
+				  (json_int_t)t.stage_waits, "host", n->cfg.stage_host);
+	return json_pack("{s:s, s:f, s:s, s:o, s:o, s:o, s:o, s:o, s:o, s:i}", "node_id",
 			 n->cfg.node_id, "uptime_s", uptime_s(n), "transport", n->tops->name,
-			 "totals", totals, "completions", comp, "peers", peers, "clients",
-			 clients_json(n), "workers", workers, "regions", (int)n->regions.used);
+			 "totals", totals, "completions", comp, "staging", stage, "peers", peers,
+			 "clients", clients_json(n), "workers", workers, "regions",
+			 (int)n->regions.used);
 }
 
 static json_t *
@@ -546,6 +560,14 @@ kvp_stats_prometheus(const struct kvp_node *n, char *out, size_t outlen)
 	   n->cfg.max_inflight * n->nworkers);
 	head(&b, "kvproxy_transfers_inflight_high_water", "gauge", "Most transfer slots in use at once.");
 	pb(&b, "kvproxy_transfers_inflight_high_water{node=\"%s\"} %" PRIu64 "\n", node, t.hwm);
+	head(&b, "kvproxy_staging_buffers", "gauge", "Staging buffers in the pool.");
+	pb(&b, "kvproxy_staging_buffers{node=\"%s\"} %" PRIu64 "\n", node, t.stage_bufs);
+	head(&b, "kvproxy_staging_buffers_in_use", "gauge", "Staging buffers held by transfers.");
+	pb(&b, "kvproxy_staging_buffers_in_use{node=\"%s\"} %" PRIu64 "\n", node, t.stage_used);
+	head(&b, "kvproxy_staging_buffers_high_water", "gauge", "Most staging buffers in use at once.");
+	pb(&b, "kvproxy_staging_buffers_high_water{node=\"%s\"} %" PRIu64 "\n", node, t.stage_hwm);
+	head(&b, "kvproxy_staging_waits_total", "counter", "Times a frame waited for a staging buffer.");
+	pb(&b, "kvproxy_staging_waits_total{node=\"%s\"} %" PRIu64 "\n", node, t.stage_waits);
 	head(&b, "kvproxy_clients", "gauge", "Connected clients.");
 	pb(&b, "kvproxy_clients{node=\"%s\"} %u\n", node, n->nclients);
 	head(&b, "kvproxy_regions", "gauge", "Registered regions.");

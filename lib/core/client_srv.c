@@ -150,8 +150,15 @@ do_reg(struct kvp_node *n, struct kvp_client_conn *c, const struct kvp_ctrl_req 
 	} else if (fd < 0) {
 		rep_error(rep, -EBADF, "REG needs the region's fd attached");
 	} else {
+		uint32_t flags = req->u.reg.flags;
+
+		/* Internal flags are the daemon's to set, never the client's. */
+		if (flags & KVP_REGION_F_STAGE)
+			flags = 0;
+		else if (n->cfg.stage_host)
+			flags |= KVP_REGION_F_STAGE;
 		rc = kvp_region_add(&n->regions, c->id, fd, req->u.reg.fd_offset, req->u.reg.len,
-				    req->u.reg.flags, &rep->u.reg.key);
+				    flags, &rep->u.reg.key);
 		if (rc == -ENOSPC)
 			rep_error(rep, rc, "region table full (limits.max_regions = %u)",
 				  n->cfg.max_regions);

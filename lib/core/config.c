@@ -63,6 +63,9 @@ static const struct conf_row rows[] = {
 	U32("tcp.rx_buffer", tcp_rx_buffer, 4096, 1u << 30, 256u << 10),
 	U32("tcp.tx_frames", tcp_tx_frames, 8, 65536, 512),
 	U32("tcp.send_iov", tcp_send_iov, 2, 512, 64),
+	U32("stage.pool", stage_pool, 65536, 1u << 31, 64u << 20),
+	U32("stage.buffer", stage_buf, 4096, 1u << 28, 1u << 20),
+	{ "stage.host", CT_BOOL, F(stage_host), 0, 0, 0, NULL },
 	STR("auth.secret", auth_secret, ""),
 	{ "auth.secret_file", CT_SECRET_FILE, F(auth_secret), 0, 0, 0, "" },
 };
@@ -399,6 +402,12 @@ kvp_config_load(const char *path, struct kvp_config *cfg, char *err, size_t errl
 	if ((uint64_t)cfg->max_inflight * cfg->max_segments > (1u << 24)) {
 		rc = fail_at(&e, config_lookup(&lc, "limits"),
 			     "limits: max_inflight * max_segments must not exceed 16M");
+		goto out;
+	}
+	if (cfg->stage_pool / cfg->stage_buf < 4) {
+		rc = fail_at(&e, config_lookup(&lc, "stage"),
+			     "stage: pool must hold at least 4 buffers (pool %u / buffer %u)",
+			     cfg->stage_pool, cfg->stage_buf);
 		goto out;
 	}
 	if (cfg->client_socket[0] == '\0' || cfg->admin_socket[0] == '\0') {

@@ -121,6 +121,9 @@ struct kvp_config {
 	uint32_t tcp_rx_buffer;
 	uint32_t tcp_tx_frames;
 	uint32_t tcp_send_iov;
+	uint32_t stage_pool;	/**< bytes of staging buffers per worker */
+	uint32_t stage_buf;	/**< bytes per staging buffer */
+	bool stage_host;	/**< stage host regions too (no zero-copy) */
 
 	char auth_secret[256]; /**< shared secret; empty = peers are not authenticated */
 
@@ -162,6 +165,27 @@ struct kvp_region {
 	void *map; /**< what to munmap (page-aligned start) */
 	size_t map_len;
 };
+
+/** Internal region flag: data moves through the staging pool, never zero-copy. */
+#define KVP_REGION_F_STAGE 0x80000000u
+
+/**
+ * Copies between a region and host memory, for regions that must be
+ * staged (GPU memory; host memory when tcp.stage_host is set). The host
+ * implementation is memcpy; the CUDA one replaces it without touching the
+ * transports.
+ */
+struct kvp_memops {
+	/** Copy [off, off+len) of @p r into @p dst. @return 0 or negative errno */
+	int (*to_host)(void *dst, const struct kvp_region *r, uint64_t off, size_t len);
+	/** Copy @p len bytes of @p src to [off, off+len) of @p r. @return 0 or negative errno */
+	int (*from_host)(const struct kvp_region *r, uint64_t off, const void *src, size_t len);
+	/** Called once for the whole staging pool at start (e.g. to pin it for DMA). */
+	int (*register_pool)(void *base, size_t len);
+};
+
+/** The memops in force (host memcpy by default). */
+extern const struct kvp_memops *kvp_memops;
 
 struct kvp_region_table {
 	uint32_t size;
@@ -314,6 +338,10 @@ struct kvp_worker_stats {
 	uint64_t xfers_submitted;
 	uint64_t xfers_landed;
 	uint64_t inflight_hwm; /**< most transfer slots ever in use at once */
+	uint64_t stage_bufs;   /**< staging buffers (tx + rx shares) */
+	uint64_t stage_used;
+	uint64_t stage_hwm;
+	uint64_t stage_waits;  /**< times framing or landing waited for a buffer */
 	uint64_t admin_cancels;
 	uint64_t completions[KVP_STATUS_MAX];
 	struct kvp_peer_stats peer[KVP_PEERS_MAX];
@@ -321,6 +349,8 @@ struct kvp_worker_stats {
 
 /** Relaxed read of a counter written by another lcore. */
 #define KVP_STAT_READ(x) __atomic_load_n(&(x), __ATOMIC_RELAXED)
+/** Single-writer store visible to relaxed readers without tearing. */
+#define KVP_STAT_SET(x, v) __atomic_store_n(&(x), (v), __ATOMIC_RELAXED)
 /** Single-writer increment visible to relaxed readers without tearing. */
 #define KVP_STAT_ADD(x, v) __atomic_store_n(&(x), (x) + (v), __ATOMIC_RELAXED)
 

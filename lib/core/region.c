@@ -74,7 +74,7 @@ kvp_region_add(struct kvp_region_table *t, uint32_t owner, int fd, uint64_t off,
 	struct kvp_region *r = NULL;
 	uint32_t i;
 
-	if (len == 0 || off + len < off || flags != KVP_REGION_HOST)
+	if (len == 0 || off + len < off || (flags & ~KVP_REGION_F_STAGE) != KVP_REGION_HOST)
 		return -EINVAL;
 	if (fstat(fd, &st) < 0 || (!S_ISREG(st.st_mode) && !S_ISBLK(st.st_mode)))
 		return -EINVAL;
@@ -202,3 +202,33 @@ kvp_region_count(const struct kvp_region_table *t, uint32_t owner)
 	}
 	return n;
 }
+
+static int
+host_to_host(void *dst, const struct kvp_region *r, uint64_t off, size_t len)
+{
+	memcpy(dst, r->base + off, len);
+	return 0;
+}
+
+static int
+host_from_host(const struct kvp_region *r, uint64_t off, const void *src, size_t len)
+{
+	memcpy(r->base + off, src, len);
+	return 0;
+}
+
+static int
+host_register_pool(void *base, size_t len)
+{
+	(void)base;
+	(void)len;
+	return 0;
+}
+
+static const struct kvp_memops host_memops = {
+	.to_host = host_to_host,
+	.from_host = host_from_host,
+	.register_pool = host_register_pool,
+};
+
+const struct kvp_memops *kvp_memops = &host_memops;

@@ -41,6 +41,7 @@ tcp_destroy(void *tctx)
 		rte_free(c->rxt);
 	}
 	rte_free(t->conns);
+	stage_fini(&t->stage);
 	if (t->ring.ring_fd > 0)
 		io_uring_queue_exit(&t->ring);
 	rte_free(t);
@@ -66,12 +67,17 @@ tcp_create(struct kvp_worker *w, void **tctx)
 		rc = -ENOMEM;
 		goto err;
 	}
+	rc = stage_init(&t->stage, cfg, socket);
+	if (rc < 0)
+		goto err;
+	KVP_STAT_SET(w->stats.stage_bufs, t->stage.nbufs);
 	uint32_t txq = pow2_ceil(cfg->tcp_tx_frames);
 	uint32_t rxt = pow2_ceil(cfg->max_inflight);
 	for (uint32_t i = 0; i < t->nconns; i++) {
 		struct tcp_conn *c = &t->conns[i];
 
 		c->fd = -1;
+		c->rx_stage = -1;
 		c->id = i;
 		c->peer = (uint16_t)(i / 2);
 		c->outgoing = (i % 2) == 0;
@@ -122,6 +128,7 @@ tcp_attach(void *tctx, uint16_t peer, int fd, bool outgoing, uint64_t epoch)
 	c->rx_start = c->rx_end = 0;
 	c->rx_state = RX_HDR;
 	c->rx_region = NULL;
+	c->rx_stage = -1;
 	c->last_rx_ns = c->last_tx_ns = c->send_ok_ns = kvp_mono_ns();
 	memset(c->rxt, 0, sizeof(*c->rxt) * (c->rxt_mask + 1));
 	KVP_LOG(INFO, tcp, "worker %u: %s connection to peer %u up (epoch %016" PRIx64 ")",
@@ -167,7 +174,7 @@ conn_finish_close(struct tcp_ctx *t, struct tcp_conn *c)
 	struct kvp_worker *w = t->w;
 
 	tcp_tx_reset(t, c);
-	tcp_rx_reset(c);
+	tcp_rx_reset(t, c);
 	if (c->outgoing) {
 		/* Every transfer to this peer went over this connection. */
 		for (uint32_t i = 0; i < w->nxfers; i++) {
@@ -264,6 +271,12 @@ tcp_progress(void *tctx)
 	if (now >= t->next_tick_ns) {
 		t->next_tick_ns = now + t->peer_ns / 16;
 		liveness(t, now);
+		if (t->stage_blocked) {
+			for (uint32_t i = 0; i < t->nconns; i += 2)
+				if (t->conns[i].state == CONN_UP)
+					tcp_tx_admission(t, &t->conns[i], now);
+			t->stage_blocked = false;
+		}
 	}
 	for (uint32_t i = 0; i < t->nconns; i++) {
 		struct tcp_conn *c = &t->conns[i];

@@ -39,7 +39,25 @@ struct tx_frame {
 	struct kvp_wire_hdr hdr;
 	uint8_t *payload; /* NULL for control frames */
 	uint32_t xfer;	  /* worker transfer slot, NO_XFER for control frames */
+	int32_t stage;	  /* staging buffer holding the payload, -1 if none */
 };
+
+enum { STAGE_RX = 0, STAGE_TX = 1 };
+
+struct stage_pool {
+	uint8_t *base;
+	uint32_t buf_size;
+	uint32_t nbufs;
+	uint32_t owner_rx; /* buffers [0, owner_rx) belong to the receive list */
+	uint32_t *free[2];
+	uint32_t nfree[2];
+};
+
+static inline uint8_t *
+stage_buf(const struct stage_pool *p, int32_t b)
+{
+	return p->base + (size_t)b * p->buf_size;
+}
 
 enum rx_state {
 	RX_HDR = 0,
@@ -90,7 +108,10 @@ struct tcp_conn {
 	struct kvp_wire_hdr rx_hdr;
 	struct rx_entry *rx_ent;
 	uint8_t *rx_dst;
-	uint64_t rx_left;
+	uint64_t rx_left;  /* payload bytes still to come */
+	uint64_t rx_win;   /* bytes until rx_dst's window is full */
+	int32_t rx_stage;  /* staging buffer of a staged payload, -1 if none */
+	uint64_t rx_stage_off; /* region offset the staged window lands at */
 	struct kvp_region *rx_region;
 	struct rx_entry *rxt;
 	uint32_t rxt_mask;
@@ -105,6 +126,8 @@ struct tcp_ctx {
 	uint32_t frame_max;
 	uint32_t sqes; /* prepared since the last submit */
 	uint64_t next_tick_ns;
+	struct stage_pool stage;
+	bool stage_blocked; /* framing waited for a buffer since the last tick */
 	uint64_t peer_ns; /* silence (or a stuck send) longer than this kills a connection */
 };
 
@@ -142,6 +165,12 @@ txq_room(const struct tcp_conn *c)
 	return c->txq_mask + 1 - txq_used(c);
 }
 
+/* stage.c */
+int stage_init(struct stage_pool *p, const struct kvp_config *cfg, int socket);
+void stage_fini(struct stage_pool *p);
+int32_t stage_get(struct stage_pool *p, struct kvp_worker_stats *st, int side);
+void stage_put(struct stage_pool *p, struct kvp_worker_stats *st, int32_t b);
+
 /* tcp.c */
 void tcp_conn_fail(struct tcp_ctx *t, struct tcp_conn *c, const char *why);
 struct kvp_xfer *tcp_xfer_of(struct tcp_ctx *t, uint64_t tag);
@@ -153,11 +182,12 @@ int tcp_start_send(struct tcp_ctx *t, struct tcp_conn *c);
 void tcp_send_done(struct tcp_ctx *t, struct tcp_conn *c, int res);
 void tcp_tx_cancel(struct tcp_ctx *t, struct tcp_conn *c, struct kvp_xfer *x, int status);
 void tcp_tx_reset(struct tcp_ctx *t, struct tcp_conn *c);
+void tcp_tx_admission(struct tcp_ctx *t, struct tcp_conn *c, uint64_t now);
 
 /* tcp_rx.c */
 int tcp_start_recv(struct tcp_ctx *t, struct tcp_conn *c);
 void tcp_recv_done(struct tcp_ctx *t, struct tcp_conn *c, int res);
 int tcp_process_rx(struct tcp_ctx *t, struct tcp_conn *c);
-void tcp_rx_reset(struct tcp_conn *c);
+void tcp_rx_reset(struct tcp_ctx *t, struct tcp_conn *c);
 
 #endif /* TCP_PRIV_H */

@@ -19,7 +19,7 @@ tcp_start_recv(struct tcp_ctx *t, struct tcp_conn *c)
 		return 0;
 	if (c->rx_state == RX_DIRECT) {
 		buf = c->rx_dst;
-		len = c->rx_left;
+		len = c->rx_win;
 	} else {
 		if (c->rx_start == c->rx_end) {
 			c->rx_start = c->rx_end = 0;
@@ -44,13 +44,54 @@ tcp_start_recv(struct tcp_ctx *t, struct tcp_conn *c)
 }
 
 static void
-body_done(struct tcp_conn *c)
+body_done(struct tcp_ctx *t, struct tcp_conn *c)
 {
+	if (c->rx_stage >= 0) {
+		stage_put(&t->stage, &t->w->stats, c->rx_stage);
+		c->rx_stage = -1;
+	}
 	if (c->rx_region) {
 		kvp_region_put(c->rx_region);
 		c->rx_region = NULL;
 	}
 	c->rx_state = RX_HDR;
+}
+
+/*
+ * The window at rx_dst is full. Direct payloads are then done; staged ones
+ * copy the buffer into the region and, if more is coming, reopen the
+ * window on the same buffer.
+ */
+static void
+window_full(struct tcp_ctx *t, struct tcp_conn *c)
+{
+	if (c->rx_stage >= 0) {
+		uint8_t *buf = stage_buf(&t->stage, c->rx_stage);
+		size_t n = (size_t)(c->rx_dst - buf);
+
+		if (kvp_memops->from_host(c->rx_region, c->rx_stage_off, buf, n) < 0)
+			c->rx_ent->status = KVP_EREMOTE;
+		c->rx_stage_off += n;
+		c->rx_dst = buf;
+		c->rx_win = c->rx_left < t->stage.buf_size ? c->rx_left : t->stage.buf_size;
+	}
+	if (c->rx_left == 0)
+		body_done(t, c);
+	else if (c->rx_state == RX_DIRECT)
+		c->rx_state = RX_BODY;
+}
+
+/* Account for @p n payload bytes that have just landed at rx_dst. */
+static void
+landed(struct tcp_ctx *t, struct tcp_conn *c, uint64_t n)
+{
+	KVP_STAT_ADD(t->w->stats.peer[c->peer].rx_bytes, n);
+	c->rx_dst += n;
+	c->rx_left -= n;
+	c->rx_win -= n;
+	c->rx_ent->bytes += n;
+	if (c->rx_win == 0)
+		window_full(t, c);
 }
 
 void
@@ -65,18 +106,14 @@ tcp_recv_done(struct tcp_ctx *t, struct tcp_conn *c, int res)
 	}
 	c->last_rx_ns = kvp_mono_ns();
 	if (c->rx_state == RX_DIRECT) {
-		KVP_STAT_ADD(t->w->stats.peer[c->peer].rx_bytes, (uint64_t)res);
-		c->rx_dst += res;
-		c->rx_left -= (uint64_t)res;
-		c->rx_ent->bytes += (uint64_t)res;
-		if (c->rx_left == 0)
-			body_done(c);
+		landed(t, c, (uint64_t)res);
 		return;
 	}
 	c->rx_end += (uint32_t)res;
 }
 
-static void
+/* @return false if the payload must wait for a receive staging buffer. */
+static bool
 on_data(struct tcp_ctx *t, struct tcp_conn *c, const struct kvp_wire_hdr *h)
 {
 	struct rx_entry *e = &c->rxt[h->tag & c->rxt_mask];
@@ -87,15 +124,29 @@ on_data(struct tcp_ctx *t, struct tcp_conn *c, const struct kvp_wire_hdr *h)
 		e->status = KVP_OK;
 	}
 	c->rx_ent = e;
-	c->rx_left = h->len;
 	if (e->status == KVP_OK) {
 		struct kvp_region *r = kvp_region_get(t->w->regions, h->key);
 
 		if (r && kvp_region_contains(r, h->off, h->len)) {
 			c->rx_region = r;
-			c->rx_dst = r->base + h->off;
 			c->rx_state = RX_BODY;
-			return;
+			if (!(r->flags & KVP_REGION_F_STAGE)) {
+				c->rx_dst = r->base + h->off;
+				c->rx_win = h->len;
+				return true;
+			}
+			/* No buffer: leave the header unread; TCP pushes back on the sender. */
+			c->rx_stage = stage_get(&t->stage, &t->w->stats, STAGE_RX);
+			if (c->rx_stage < 0) {
+				kvp_region_put(r);
+				c->rx_region = NULL;
+				c->rx_state = RX_HDR;
+				return false;
+			}
+			c->rx_dst = stage_buf(&t->stage, c->rx_stage);
+			c->rx_stage_off = h->off;
+			c->rx_win = h->len < t->stage.buf_size ? h->len : t->stage.buf_size;
+			return true;
 		}
 		if (r)
 			kvp_region_put(r);
@@ -105,6 +156,7 @@ on_data(struct tcp_ctx *t, struct tcp_conn *c, const struct kvp_wire_hdr *h)
 		e->status = KVP_EREMOTE;
 	}
 	c->rx_state = RX_DISCARD;
+	return true;
 }
 
 static void
@@ -164,11 +216,15 @@ on_header(struct tcp_ctx *t, struct tcp_conn *c, const struct kvp_wire_hdr *h)
 	}
 	if ((h->type == KVP_W_END || h->type == KVP_W_PING) && txq_room(c) == 0)
 		return false;
+	if (h->type == KVP_W_DATA) {
+		c->rx_left = h->len;
+		if (!on_data(t, c, h))
+			return false;
+		KVP_STAT_ADD(ps->rx_frames, 1);
+		return true;
+	}
 	KVP_STAT_ADD(ps->rx_frames, 1);
 	switch (h->type) {
-	case KVP_W_DATA:
-		on_data(t, c, h);
-		break;
 	case KVP_W_END:
 		on_end(t, c, h);
 		break;
@@ -212,18 +268,13 @@ tcp_process_rx(struct tcp_ctx *t, struct tcp_conn *c)
 			break;
 		}
 		case RX_BODY:
-			n = avail < c->rx_left ? avail : (uint32_t)c->rx_left;
+			n = avail < c->rx_win ? avail : (uint32_t)c->rx_win;
 			memcpy(c->rx_dst, c->rxbuf + c->rx_start, n);
 			c->rx_start += n;
-			c->rx_dst += n;
-			c->rx_left -= n;
-			c->rx_ent->bytes += n;
-			KVP_STAT_ADD(t->w->stats.peer[c->peer].rx_bytes, n);
-			if (c->rx_left == 0) {
-				body_done(c);
-			} else if (c->rx_start == c->rx_end) {
-				/* The rest goes straight from the socket into the region. */
-				if (c->rx_left >= DIRECT_RECV_MIN)
+			landed(t, c, n);
+			if (c->rx_state == RX_BODY && c->rx_start == c->rx_end) {
+				/* The rest of the window comes straight from the socket. */
+				if (c->rx_win >= DIRECT_RECV_MIN)
 					c->rx_state = RX_DIRECT;
 				return work + 1;
 			}
@@ -247,9 +298,9 @@ tcp_process_rx(struct tcp_ctx *t, struct tcp_conn *c)
 }
 
 void
-tcp_rx_reset(struct tcp_conn *c)
+tcp_rx_reset(struct tcp_ctx *t, struct tcp_conn *c)
 {
-	body_done(c);
+	body_done(t, c);
 	c->rx_start = c->rx_end = 0;
 	c->recv_busy = false;
 	c->rx_left = 0;

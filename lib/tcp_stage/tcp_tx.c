@@ -29,6 +29,7 @@ push_frame(struct tcp_conn *c, uint8_t type, uint32_t len, uint64_t tag, uint32_
 	kvp_wire_hdr_init(&f->hdr, type, len, tag);
 	f->payload = NULL;
 	f->xfer = xfer;
+	f->stage = -1;
 	return f;
 }
 
@@ -49,16 +50,29 @@ contiguous(const struct kvp_seg *a, const struct kvp_seg *b)
 	       a->dst_off + a->len == b->dst_off;
 }
 
-/* Queue the next DATA frame of x. */
-static void
+/*
+ * Queue the next DATA frame of x: zero-copy from the source region, or,
+ * for a region that must be staged, copied into a staging buffer first.
+ * @return false if the frame needs a staging buffer and none is free.
+ */
+static bool
 frame_data(struct tcp_ctx *t, struct tcp_conn *c, struct kvp_xfer *x)
 {
 	struct kvp_seg *s = &x->segs[x->t_seg];
+	bool staged = (s->src->flags & KVP_REGION_F_STAGE) != 0;
+	uint64_t limit = staged && t->stage.buf_size < t->frame_max ? t->stage.buf_size
+								       : t->frame_max;
 	uint64_t len = s->len - x->t_off;
 	uint64_t off = x->t_off;
+	int32_t b = -1;
 
-	if (len > t->frame_max)
-		len = t->frame_max;
+	if (staged) {
+		b = stage_get(&t->stage, &t->w->stats, STAGE_TX);
+		if (b < 0)
+			return false;
+	}
+	if (len > limit)
+		len = limit;
 	x->t_off += len;
 	if (x->t_off == s->len) {
 		x->t_seg++;
@@ -66,7 +80,7 @@ frame_data(struct tcp_ctx *t, struct tcp_conn *c, struct kvp_xfer *x)
 		/* Whole segments may absorb their contiguous successors. */
 		while (off == 0 && x->t_seg < x->nseg &&
 		       contiguous(&x->segs[x->t_seg - 1], &x->segs[x->t_seg]) &&
-		       len + x->segs[x->t_seg].len <= t->frame_max) {
+		       len + x->segs[x->t_seg].len <= limit) {
 			len += x->segs[x->t_seg].len;
 			x->t_seg++;
 		}
@@ -74,8 +88,18 @@ frame_data(struct tcp_ctx *t, struct tcp_conn *c, struct kvp_xfer *x)
 	struct tx_frame *f = push_frame(c, KVP_W_DATA, (uint32_t)len, kvp_xfer_tag(x), x->idx);
 	f->hdr.key = s->dst_key;
 	f->hdr.off = s->dst_off + off;
-	f->payload = s->src->base + s->src_off + off;
+	if (staged) {
+		/* Contiguous in the source, so one copy covers coalesced segments. */
+		f->stage = b;
+		f->payload = stage_buf(&t->stage, b);
+		if (kvp_memops->to_host(f->payload, s->src, s->src_off + off, len) < 0 &&
+		    x->status == KVP_OK)
+			x->status = KVP_EINVAL; /* the ABORT path ends it below */
+	} else {
+		f->payload = s->src->base + s->src_off + off;
+	}
 	x->t_frames++;
+	return true;
 }
 
 static void
@@ -104,7 +128,10 @@ tcp_fill_tx(struct tcp_ctx *t, struct tcp_conn *c)
 			work++;
 			continue;
 		}
-		frame_data(t, c, x);
+		if (!frame_data(t, c, x)) {
+			t->stage_blocked = true;
+			break;
+		}
 		work++;
 		if (x->t_seg == x->nseg) {
 			struct tx_frame *f = push_frame(c, KVP_W_END, 0, kvp_xfer_tag(x), x->idx);
@@ -130,6 +157,10 @@ frame_sent(struct tcp_ctx *t, struct tcp_conn *c, struct tx_frame *f, uint64_t n
 	if (f->payload)
 		KVP_STAT_ADD(ps->tx_bytes, f->hdr.len);
 	KVP_STAT_ADD(ps->tx_frames, 1);
+	if (f->stage >= 0) {
+		stage_put(&t->stage, &w->stats, f->stage);
+		f->stage = -1;
+	}
 	if (f->xfer == NO_XFER)
 		return;
 	struct kvp_xfer *x = &w->xfers[f->xfer];
@@ -272,6 +303,10 @@ tcp_tx_cancel(struct tcp_ctx *t, struct tcp_conn *c, struct kvp_xfer *x, int sta
 			continue;
 		if (f->hdr.type == KVP_W_DATA) {
 			/* Shrinks to a header-only ABORT: no payload read, stream stays framed. */
+			if (f->stage >= 0) {
+				stage_put(&t->stage, &w->stats, f->stage);
+				f->stage = -1;
+			}
 			f->payload = NULL;
 			f->hdr.type = KVP_W_ABORT;
 			f->hdr.len = 0;
@@ -286,9 +321,35 @@ tcp_tx_cancel(struct tcp_ctx *t, struct tcp_conn *c, struct kvp_xfer *x, int sta
 void
 tcp_tx_reset(struct tcp_ctx *t, struct tcp_conn *c)
 {
-	(void)t;
+	for (uint32_t i = c->tx_done; i != c->tx_tail; i++) {
+		struct tx_frame *f = frame_at(c, i);
+
+		if (f->stage >= 0) {
+			stage_put(&t->stage, &t->w->stats, f->stage);
+			f->stage = -1;
+		}
+	}
 	c->tx_done = c->tx_head = c->tx_tail = 0;
 	c->tx_partial = 0;
 	c->send_busy = false;
 	c->pend_head = c->pend_tail = NULL;
+}
+
+/*
+ * Admission: while framing waits for staging buffers, a transfer that has
+ * not put a byte on the wire for admission_ms fails with "no-buffers"
+ * instead of waiting for its deadline.
+ */
+void
+tcp_tx_admission(struct tcp_ctx *t, struct tcp_conn *c, uint64_t now)
+{
+	uint64_t limit = (uint64_t)t->w->cfg->admission_timeout_ms * 1000000;
+	struct kvp_xfer *x = c->pend_head, *next;
+
+	for (; x; x = next) {
+		next = x->next;
+		if (x->status == KVP_OK && x->t_frames == 0 && x->t_seg == 0 && x->t_off == 0 &&
+		    now - x->ts[KVP_TS_ADMIT] > limit)
+			tcp_tx_cancel(t, c, x, KVP_ENOBUFS);
+	}
 }
