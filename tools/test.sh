@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: BSD-3-Clause
 # Build kvproxy twice — plain (build/) and with address+undefined sanitizers
-# (build-san/) — and run the unit and integ suites in each. Prints skipped
+# (build-san/) — and run the unit and integ suites in each, and the rdma
+# suite (Soft-RoCE in a QEMU VM, tools/rdma-vm.sh) in the plain build. Prints skipped
 # tests with their reason, and as the last line "N passed, N failed, N skipped".
 # Exits non-zero if anything failed (a build failure counts as a failure).
 #
@@ -9,7 +10,7 @@
 #   --no-deps       do not check/install Debian packages
 #   --no-san        only the plain build
 #   --builddir DIR  build in DIR and DIR-san (default: build, build-san)
-#   --suite NAME    run these meson suites instead of "unit" and "integ"
+#   --suite NAME    run these meson suites (in every build) instead of the defaults
 set -uo pipefail
 
 cd "$(dirname "$0")/.." || exit 1
@@ -40,7 +41,13 @@ while [[ $# -gt 0 ]]; do
 	esac
 	shift
 done
-[[ ${#suites[@]} -gt 0 ]] || suites=(unit integ)
+# Default: unit and integ in both builds; rdma (a Soft-RoCE VM, slow under
+# emulation) in the plain build only.
+san_suites=()
+if [[ ${#suites[@]} -eq 0 ]]; then
+	suites=(unit integ rdma)
+	san_suites=(unit integ)
+fi
 builds=("$builddir")
 [[ $san -eq 0 ]] || builds+=("$builddir-san")
 
@@ -61,10 +68,16 @@ setup_opts() {
 export ASAN_OPTIONS="halt_on_error=1:abort_on_error=1:print_stacktrace=1:detect_leaks=1:symbolize=1"
 export UBSAN_OPTIONS="halt_on_error=1:abort_on_error=1:print_stacktrace=1:symbolize=1"
 
-suite_args=()
-for s in "${suites[@]}"; do
-	suite_args+=(--suite "$s")
-done
+# suite_args_for BUILD: the --suite options for that build.
+suite_args_for() {
+	local s list=("${suites[@]}")
+	if [[ $1 == *-san && ${#san_suites[@]} -gt 0 ]]; then
+		list=("${san_suites[@]}")
+	fi
+	for s in "${list[@]}"; do
+		printf -- '--suite\n%s\n' "$s"
+	done
+}
 
 build_failures=()
 ran=()
@@ -79,6 +92,7 @@ for b in "${builds[@]}"; do
 		build_failures+=("$b: build failed")
 		continue
 	fi
+	mapfile -t suite_args < <(suite_args_for "$b")
 	echo "==== $b: meson test ${suite_args[*]}"
 	rm -f "$b/meson-logs/testlog.json"
 	meson test -C "$b" --print-errorlogs "${suite_args[@]}" </dev/null
