@@ -98,6 +98,9 @@ cleanup() {
 	for ns in "${KVP_NETNS[@]}"; do
 		ip netns del "$ns" 2>/dev/null
 	done
+	for f in "${KVP_MEMCG[@]}"; do
+		rmdir "$f" 2>/dev/null
+	done
 	if [[ -n $KVP_TMP && -d $KVP_TMP ]]; then
 		if [[ -n ${KVP_KEEP:-} ]]; then
 			log "kept $KVP_TMP"
@@ -202,6 +205,7 @@ log_level = "info";
 timeouts = {
 	peer_ms = 1000;
 	reconnect_ms = 100;
+	${KVP_TIMEOUTS_EXTRA:-}
 };
 $extra
 peers = (
@@ -379,4 +383,67 @@ wait_pid() {
 	wait "$pid" || rc=$?
 	untrack "$pid"
 	return $rc
+}
+
+# ---- memory cgroups (v1 memory controller, or v2 with memory enabled) ----
+
+# memcg_create LIMIT_BYTES: a child memory cgroup of ours with a hard limit
+# (swap included where the kernel accounts it); sets MEMCG to its directory.
+# Skips the test when no memory controller is available.
+KVP_MEMCG=()
+memcg_create() {
+	local limit=$1 rel dir
+	rel=$(awk -F: '$2 == "memory" { print $3 }' /proc/self/cgroup)
+	if [[ -n $rel && -d /sys/fs/cgroup/memory ]]; then
+		dir="/sys/fs/cgroup/memory${rel%/}/kvp-${KVP_TEST#test_}-$$"
+		mkdir "$dir" || setup_fail "cannot create memory cgroup $dir"
+		KVP_MEMCG+=("$dir")
+		echo "$limit" >"$dir/memory.limit_in_bytes" || setup_fail "cannot set memory.limit_in_bytes"
+		[[ ! -f $dir/memory.memsw.limit_in_bytes ]] || echo "$limit" >"$dir/memory.memsw.limit_in_bytes"
+		MEMCG_KIND=v1
+	else
+		rel=$(awk -F: '$1 == "0" { print $3 }' /proc/self/cgroup)
+		dir="/sys/fs/cgroup${rel%/}"
+		grep -qw memory "$dir/cgroup.controllers" 2>/dev/null || skip "no memory cgroup controller (v1 or v2) here"
+		echo +memory >"$dir/cgroup.subtree_control" 2>/dev/null || true
+		dir="$dir/kvp-${KVP_TEST#test_}-$$"
+		mkdir "$dir" || setup_fail "cannot create memory cgroup $dir"
+		KVP_MEMCG+=("$dir")
+		echo "$limit" >"$dir/memory.max" || setup_fail "cannot set memory.max"
+		[[ ! -f $dir/memory.swap.max ]] || echo 0 >"$dir/memory.swap.max"
+		MEMCG_KIND=v2
+	fi
+	MEMCG=$dir
+	log "memory cgroup $MEMCG ($MEMCG_KIND), limit $limit bytes"
+}
+
+# memcg_ooms: OOM kills in $MEMCG so far.
+memcg_ooms() {
+	if [[ $MEMCG_KIND == v1 ]]; then
+		awk '$1 == "oom_kill" { print $2 }' "$MEMCG/memory.oom_control"
+	else
+		awk '$1 == "oom_kill" { print $2 }' "$MEMCG/memory.events"
+	fi
+}
+
+# memcg_peak: the most memory $MEMCG has used (bytes).
+memcg_peak() {
+	if [[ $MEMCG_KIND == v1 ]]; then
+		cat "$MEMCG/memory.max_usage_in_bytes"
+	elif [[ -f $MEMCG/memory.peak ]]; then
+		cat "$MEMCG/memory.peak"
+	else
+		cat "$MEMCG/memory.current"
+	fi
+}
+
+# start_daemon_in_memcg NODE_ID NS: start_daemon, with the daemon inside $MEMCG.
+start_daemon_in_memcg() {
+	local id=$1 ns=$2 logf="$KVP_TMP/$1.log"
+	KVP_DAEMON_LOGS+=("$logf")
+	# The shell joins the cgroup and then execs: the daemon is born inside it.
+	spawn "" "$logf" - sh -c 'echo $$ >"$1/cgroup.procs" && shift && exec "$@"' sh "$MEMCG" \
+		ip netns exec "$ns" "$KVPROXYD" "${KVP_EAL[@]}" -- -c "$KVP_TMP/$id.conf"
+	DPID[$id]=$SPAWNED
+	log "started kvproxyd $id (pid ${DPID[$id]}, netns $ns, memory cgroup)"
 }
