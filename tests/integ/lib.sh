@@ -203,7 +203,7 @@ listen = "$listen";
 transport = "tcp";
 log_level = "info";
 timeouts = {
-	peer_ms = 1000;
+	peer_ms = ${KVP_PEER_MS:-1000};
 	reconnect_ms = 100;
 	${KVP_TIMEOUTS_EXTRA:-}
 };
