@@ -40,7 +40,7 @@ struct kvp_client {
 	 * Non-zero while a control call waits for its reply: kvp_wait() may run
 	 * on another thread and must then not mistake that reply for garbage.
 	 */
-	atomic_int ctrl_busy;
+	atomic_uint ctrl_gen; /* odd while a control call runs; bumped at its start and end */
 	uint32_t client_id;
 	uint32_t max_segs; /* daemon limit, clamped to what the SQ can hold */
 	/* Header plus max_segs segments, staged for one bulk enqueue. */
@@ -211,12 +211,12 @@ ctrl_call(struct kvp_client *c, struct kvp_ctrl_req *req, int send_fd, struct kv
 	req->magic = KVP_CTRL_MAGIC;
 	req->abi_version = KVP_ABI_VERSION;
 	req->seq = ++c->seq;
-	/* Pairs with the load in check_sock(): set before the reply can arrive. */
-	atomic_store(&c->ctrl_busy, 1);
+	/* Pairs with the loads in check_sock(): odd before the reply can arrive. */
+	atomic_fetch_add(&c->ctrl_gen, 1);
 	rc = send_all(c, req, sizeof(*req), send_fd);
 	if (rc == 0)
 		rc = recv_all(c, rep, sizeof(*rep), rfds, &nfds);
-	atomic_store(&c->ctrl_busy, 0);
+	atomic_fetch_add(&c->ctrl_gen, 1);
 	if (rc < 0)
 		return rc;
 
@@ -323,7 +323,7 @@ kvp_connect(const char *sock_path, uint32_t sq_entries, uint32_t cq_entries,
 	if (c == NULL)
 		return -ENOMEM;
 	c->sock = c->sq_doorbell = c->cq_notify = -1;
-	atomic_init(&c->ctrl_busy, 0);
+	atomic_init(&c->ctrl_gen, 0);
 
 	rc = sock_connect(sock_path, &c->sock);
 	if (rc < 0)
@@ -557,13 +557,16 @@ check_sock(struct kvp_client *c, short revents)
 
 	if (revents & (POLLHUP | POLLERR | POLLNVAL))
 		return -EPIPE;
+	/* Pairs with the increments in ctrl_call(). */
+	unsigned g0 = atomic_load(&c->ctrl_gen);
 	n = recv(c->sock, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+	unsigned g1 = atomic_load(&c->ctrl_gen);
 	if (n == 0)
 		return -EPIPE;
 	if (n < 0)
 		return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR ? 0 : -EPIPE;
-	/* Pairs with the stores in ctrl_call(). */
-	return atomic_load(&c->ctrl_busy) ? 0 : -EPROTO;
+	/* A call running at, or ending around, the peek owns what we saw. */
+	return (g0 & 1) || g0 != g1 ? 0 : -EPROTO;
 }
 
 int
@@ -599,7 +602,7 @@ kvp_wait(struct kvp_client *c, struct kvp_cqe *out, uint32_t max, int timeout_ms
 		struct pollfd pfd[2] = {
 			{ .fd = c->cq_notify, .events = POLLIN },
 			/* POLLHUP is reported even with no events asked for. */
-			{ .fd = c->sock, .events = atomic_load(&c->ctrl_busy) ? 0 : POLLIN },
+			{ .fd = c->sock, .events = (atomic_load(&c->ctrl_gen) & 1) ? 0 : POLLIN },
 		};
 		int rc = ppoll(pfd, 2, tsp, NULL);
 		int err = errno;

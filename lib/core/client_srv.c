@@ -258,6 +258,7 @@ kvp_client_accept(struct kvp_node *n)
 		c->state = KVP_CL_OPEN;
 		c->sock = fd;
 		c->pending_fd = -1;
+		c->hello_deadline_ns = kvp_mono_ns() + (uint64_t)n->cfg.connect_timeout_ms * 1000000;
 		n->nclients++;
 		kvp_node_watch(n, fd, EPOLLIN | EPOLLRDHUP, KVP_EP_CLIENT, i);
 		return;
@@ -387,4 +388,16 @@ kvp_client_broken(struct kvp_node *n, struct kvp_chan *ch)
 
 	if (c)
 		kvp_client_drop(n, c, "broke the ring protocol; disconnected");
+}
+
+/* A connection that never says HELLO must not hold a client slot. */
+void
+kvp_client_timers(struct kvp_node *n, uint64_t now)
+{
+	for (uint32_t i = 0; i < n->cfg.max_clients; i++) {
+		struct kvp_client_conn *c = &n->clients[i];
+
+		if (c->state == KVP_CL_OPEN && now >= c->hello_deadline_ns)
+			kvp_client_drop(n, c, "sent no HELLO in time; disconnected");
+	}
 }

@@ -614,6 +614,7 @@ struct kvp_client_conn {
 	unsigned worker;
 	struct kvp_chan *chan;
 	int pending_fd; /**< fd received ahead of its message */
+	uint64_t hello_deadline_ns; /**< an OPEN client must say HELLO by then */
 	uint32_t rlen;
 	uint8_t rbuf[KVP_CTRL_MSGLEN];
 };
@@ -686,6 +687,7 @@ void kvp_client_input(struct kvp_node *n, uint32_t slot);
 void kvp_client_drop(struct kvp_node *n, struct kvp_client_conn *c, const char *why);
 void kvp_client_gone(struct kvp_node *n, struct kvp_chan *ch);
 void kvp_client_broken(struct kvp_node *n, struct kvp_chan *ch);
+void kvp_client_timers(struct kvp_node *n, uint64_t now);
 
 /* peer.c */
 int kvp_peer_listen(struct kvp_node *n, char *err, size_t errlen);

@@ -272,6 +272,7 @@ kvp_node_poll(struct kvp_node *n, int timeout_ms)
 	uint64_t now = kvp_mono_ns();
 	kvp_peer_timers(n, now);
 	if (now >= n->next_reap_ns) {
+		kvp_client_timers(n, now);
 		/* Regions of departed clients are unmapped once their last transfer ends. */
 		kvp_region_reap(&n->regions);
 		n->next_reap_ns = now + REAP_PERIOD_NS;
