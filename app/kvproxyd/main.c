@@ -17,12 +17,20 @@
 #include <rte_log.h>
 
 #include "kvp_core.h"
+#include "kvp_cuda.h"
 #include "kvp_gdr.h"
 #include "kvp_tcp_stage.h"
 #include "kvproxyd.h"
 
 static volatile sig_atomic_t stop;
+static volatile sig_atomic_t dump_stats; /* SIGUSR1: write the stats file now */
 static char **eal_argv; /* our copy of argv with --no-pci, freed at exit */
+
+/* What pick_transport() found, handed to the node for "doctor". */
+static char transport_why[256];
+static int rdma_ports = -ENOSYS;
+static char rdma_why[160] = "not probed (transport = tcp)";
+static struct kvp_gdr_rail rails[KVP_RAILS_MAX];
 
 static void
 free_eal_argv(void)
@@ -35,6 +43,13 @@ on_signal(int sig)
 {
 	(void)sig;
 	stop = 1;
+}
+
+static void
+on_usr1(int sig)
+{
+	(void)sig;
+	dump_stats = 1;
 }
 
 static void
@@ -54,21 +69,26 @@ usage(const char *prog)
 static const struct kvp_transport_ops *
 pick_transport(const struct kvp_config *cfg)
 {
-	struct kvp_gdr_rail rails[16];
 	char why[160];
 	int n;
 
-	if (cfg->transport == KVP_TRANSPORT_TCP)
+	if (cfg->transport == KVP_TRANSPORT_TCP) {
+		snprintf(transport_why, sizeof(transport_why), "configured (transport = \"tcp\")");
 		return &kvp_tcp_stage_ops;
-	n = kvp_gdr_probe(rails, 16, why, sizeof(why));
+	}
+	n = kvp_gdr_probe(rails, KVP_RAILS_MAX, why, sizeof(why));
+	rdma_ports = n;
+	snprintf(rdma_why, sizeof(rdma_why), "%s", n < 0 ? why : "");
 	if (cfg->transport == KVP_TRANSPORT_AUTO) {
 		if (n < 0)
-			KVP_LOG(NOTICE, app, "transport auto: using tcp (%s)", why);
+			snprintf(transport_why, sizeof(transport_why),
+				 "transport = \"auto\" and no usable RDMA device: %s", why);
 		else
-			KVP_LOG(NOTICE, app,
-				"transport auto: %d RDMA port(s) found, but the RDMA transport is "
-				"not available in this build; using tcp",
-				n);
+			snprintf(transport_why, sizeof(transport_why),
+				 "transport = \"auto\": %d RDMA port(s) found, but the RDMA "
+				 "transport is not available in this build",
+				 n);
+		KVP_LOG(NOTICE, app, "transport auto: using tcp (%s)", transport_why);
 		return &kvp_tcp_stage_ops;
 	}
 	if (n < 0)
@@ -175,8 +195,16 @@ main(int argc, char **argv)
 		rte_eal_cleanup();
 		return 1;
 	}
+	/* Loads the driver only: no context exists until a GPU region arrives. */
+	int ngpu = kvp_cuda_init(kvp_gpu_unavailable, sizeof(kvp_gpu_unavailable));
+	if (ngpu > 0)
+		KVP_LOG(NOTICE, app, "CUDA driver %d, %d GPU(s): GPU regions are staged through "
+			"the pinned pool", kvp_cuda_driver_version(), ngpu);
+	else
+		KVP_LOG(NOTICE, app, "GPU regions will be refused: %s", kvp_gpu_unavailable);
 	signal(SIGINT, on_signal);
 	signal(SIGTERM, on_signal);
+	signal(SIGUSR1, on_usr1);
 	signal(SIGPIPE, SIG_IGN);
 
 	/* The data path runs on one worker lcore; connections and clients all live there. */
@@ -185,8 +213,22 @@ main(int argc, char **argv)
 		rte_eal_cleanup();
 		return 1;
 	}
+	snprintf(node.transport_why, sizeof(node.transport_why), "%.255s", transport_why);
+	node.rdma_ports = rdma_ports;
+	snprintf(node.rdma_why, sizeof(node.rdma_why), "%s", rdma_why);
+	for (int i = 0; i < rdma_ports && i < KVP_RAILS_MAX; i++) {
+		struct kvp_rail_info *r = &node.rails[node.nrails++];
+
+		snprintf(r->dev, sizeof(r->dev), "%.63s", rails[i].dev);
+		r->port = rails[i].port;
+		r->active = rails[i].state == 4; /* IBV_PORT_ACTIVE */
+		r->numa_node = rails[i].numa_node;
+		snprintf(r->pci, sizeof(r->pci), "%.31s", rails[i].pci);
+	}
 	unsigned lcore = rte_get_next_lcore(-1, 1, 0);
 	node.workers[0].lcore = lcore;
+	/* Say at start what doctor would: transport, and lcores not local to the NICs. */
+	kvp_node_log_doctor(&node);
 	if (rte_lcore_count() > 2)
 		KVP_LOG(WARNING, app, "%u lcores given; this version uses one worker (lcore %u)",
 			rte_lcore_count(), lcore);
@@ -200,8 +242,18 @@ main(int argc, char **argv)
 	KVP_LOG(NOTICE, app, "node %s ready: clients %s, admin %s, peers on %s:%u, %u peer(s)",
 		cfg.node_id, cfg.client_socket, cfg.admin_socket, cfg.listen_host, cfg.listen_port,
 		cfg.npeers);
-	while (!stop)
+	while (!stop) {
 		kvp_node_poll(&node, 100);
+		if (dump_stats) {
+			dump_stats = 0;
+			int rc = kvp_stats_write_file(&node);
+
+			if (rc == -ENOENT)
+				KVP_LOG(WARNING, app, "SIGUSR1: no stats.file configured");
+			else if (rc == 0)
+				KVP_LOG(INFO, app, "SIGUSR1: wrote %s", node.cfg.stats_file);
+		}
+	}
 	KVP_LOG(NOTICE, app, "node %s stopping", cfg.node_id);
 	kvp_node_stop_workers(&node);
 	rte_eal_mp_wait_lcore();

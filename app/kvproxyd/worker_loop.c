@@ -57,7 +57,9 @@ kvp_worker_loop(void *arg)
 			idle_since = now;
 		} else {
 			KVP_STAT_ADD(w->stats.idle_ns, now - prev);
-			if (!w->cfg->busy_poll && now - idle_since >= (uint64_t)w->cfg->idle_us * 1000)
+			/* Runtime knobs (config_set): relaxed loads of the main lcore's stores. */
+			if (!KVP_STAT_READ(w->cfg->busy_poll) &&
+			    now - idle_since >= (uint64_t)KVP_STAT_READ(w->cfg->idle_us) * 1000)
 				worker_sleep(w);
 			else
 				rte_pause();

@@ -430,6 +430,53 @@ kvp_region_register(struct kvp_client *c, int fd, uint64_t fd_offset, uint64_t l
 	return 0;
 }
 
+static int
+register_gpu(struct kvp_client *c, int fd, const void *ipc, uint64_t len, int device,
+	     uint32_t flags, uint64_t *key)
+{
+	struct kvp_ctrl_req req;
+	struct kvp_ctrl_rep rep;
+	int rc;
+
+	if (len == 0 || key == NULL || device < 0) {
+		set_error(c, "invalid GPU region arguments");
+		return -EINVAL;
+	}
+	ctrl_init(&req, KVP_CTRL_REG);
+	req.u.reg.len = len;
+	req.u.reg.flags = flags;
+	req.u.reg.device = device;
+	if (ipc)
+		memcpy(req.u.reg.ipc, ipc, sizeof(req.u.reg.ipc));
+	rc = ctrl_call(c, &req, fd, &rep, NULL, 0);
+	if (rc < 0)
+		return rc;
+	*key = rep.u.reg.key;
+	return 0;
+}
+
+int
+kvp_region_register_cuda_ipc(struct kvp_client *c, const void *ipc_handle, uint64_t len,
+			     int device, uint64_t *key)
+{
+	if (ipc_handle == NULL) {
+		set_error(c, "no IPC handle");
+		return -EINVAL;
+	}
+	return register_gpu(c, -1, ipc_handle, len, device, KVP_REGION_CUDA_IPC, key);
+}
+
+int
+kvp_region_register_cuda_fd(struct kvp_client *c, int fd, uint64_t len, int device,
+			    uint64_t *key)
+{
+	if (fd < 0) {
+		set_error(c, "invalid fd");
+		return -EINVAL;
+	}
+	return register_gpu(c, fd, NULL, len, device, KVP_REGION_CUDA_VMM, key);
+}
+
 int
 kvp_region_deregister(struct kvp_client *c, uint64_t key)
 {

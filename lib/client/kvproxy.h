@@ -80,6 +80,30 @@ int kvp_region_register(struct kvp_client *c, int fd, uint64_t fd_offset, uint64
 			uint32_t flags, uint64_t *key);
 
 /**
+ * Register GPU memory allocated with cudaMalloc/cuMemAlloc by its CUDA IPC
+ * handle (cuIpcGetMemHandle: 64 opaque bytes); the daemon opens it once.
+ * The allocation must stay alive until the region is deregistered.
+ *
+ * @param device  CUDA device ordinal of the allocation
+ * @return 0; -ENODEV (daemon has no CUDA driver or GPU: see kvp_last_error());
+ *   -EINVAL (handle cannot be opened, or len larger than the allocation);
+ *   -ENOSPC; -EPIPE
+ */
+int kvp_region_register_cuda_ipc(struct kvp_client *c, const void *ipc_handle, uint64_t len,
+				 int device, uint64_t *key);
+
+/**
+ * Register a CUDA VMM allocation exported as a POSIX file descriptor
+ * (cuMemExportToShareableHandle with CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+ * the daemon imports and maps all @p len bytes (a multiple of the allocation
+ * granularity) once.
+ *
+ * @return as kvp_region_register_cuda_ipc()
+ */
+int kvp_region_register_cuda_fd(struct kvp_client *c, int fd, uint64_t len, int device,
+				uint64_t *key);
+
+/**
  * Deregister a region.
  *
  * @return 0; -ENOENT (not this client's key); -EBUSY (transfers still use it)

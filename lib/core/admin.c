@@ -15,7 +15,11 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <fcntl.h>
+#include <sys/stat.h>
+
 #include <jansson.h>
+#include <rte_lcore.h>
 
 #include "kvp_core.h"
 
@@ -23,8 +27,30 @@
 #define RPC_INVALID_REQUEST  -32600
 #define RPC_METHOD_NOT_FOUND -32601
 #define RPC_INVALID_PARAMS   -32602
+#define RPC_INTERNAL_ERROR   -32603
+/* Application errors (JSON-RPC reserves -32000..-32099 for servers). */
+#define RPC_REFUSED -32001 /* a well-formed request the node will not carry out */
 
-#define REPLY_MAX (1u << 20)
+/* Big enough for the Prometheus text with JSON escaping. */
+#define REPLY_MAX (2 * KVP_STATS_TEXT_MAX)
+
+/* Why a method returned no result: code and message of the JSON-RPC error. */
+struct rpc_err {
+	int code;
+	char msg[256];
+};
+
+static json_t *__attribute__((format(printf, 3, 4)))
+fail_rpc(struct rpc_err *e, int code, const char *fmt, ...)
+{
+	va_list ap;
+
+	e->code = code;
+	va_start(ap, fmt);
+	vsnprintf(e->msg, sizeof(e->msg), fmt, ap);
+	va_end(ap);
+	return NULL;
+}
 
 /* Totals across workers, read with relaxed loads. */
 struct totals {
@@ -39,6 +65,8 @@ struct totals {
 	uint64_t stage_used;
 	uint64_t stage_hwm;
 	uint64_t stage_waits;
+	uint64_t drain_refused;
+	uint64_t deadline_misses;
 	uint32_t inflight;
 };
 
@@ -77,6 +105,8 @@ gather(const struct kvp_node *n, struct totals *t)
 		t->stage_used += KVP_STAT_READ(s->stage_used);
 		t->stage_hwm += KVP_STAT_READ(s->stage_hwm);
 		t->stage_waits += KVP_STAT_READ(s->stage_waits);
+		t->drain_refused += KVP_STAT_READ(s->drain_refused);
+		t->deadline_misses += KVP_STAT_READ(s->deadline_misses);
 		t->inflight += n->workers[w].nxfers -
 			       __atomic_load_n(&n->workers[w].nfree, __ATOMIC_RELAXED);
 	}
@@ -98,19 +128,28 @@ peers_up(const struct kvp_node *n)
 	return up;
 }
 
+/* No params, or an empty object/array. */
+static bool
+no_params(json_t *params)
+{
+	return !params || (json_is_object(params) && json_object_size(params) == 0);
+}
+
 static json_t *
-m_status(struct kvp_node *n, json_t *params)
+m_status(struct kvp_node *n, json_t *params, struct rpc_err *e)
 {
 	struct totals t;
 
-	(void)params;
+	if (!no_params(params))
+		return fail_rpc(e, RPC_INVALID_PARAMS, "status takes no params");
 	gather(n, &t);
-	return json_pack("{s:s, s:s, s:i, s:f, s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:b}", "node_id",
-			 n->cfg.node_id, "version", KVP_VERSION, "pid", (int)getpid(), "uptime_s",
-			 uptime_s(n), "transport", n->tops->name, "workers", (int)n->nworkers,
-			 "clients", (int)n->nclients, "regions", (int)n->regions.used, "inflight",
-			 (int)t.inflight, "peers", (int)n->cfg.npeers, "peers_up",
-			 (int)peers_up(n), "draining", 0);
+	return json_pack("{s:s, s:s, s:i, s:f, s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:b, s:b}",
+			 "node_id", n->cfg.node_id, "version", KVP_VERSION, "pid", (int)getpid(),
+			 "uptime_s", uptime_s(n), "transport", n->tops->name, "workers",
+			 (int)n->nworkers, "clients", (int)n->nclients, "regions",
+			 (int)n->regions.used, "inflight", (int)t.inflight, "peers",
+			 (int)n->cfg.npeers, "peers_up", (int)peers_up(n), "draining",
+			 n->draining, "stats_enabled", n->cfg.stats_enabled);
 }
 
 static json_t *
@@ -155,27 +194,58 @@ clients_json(const struct kvp_node *n)
 	return arr;
 }
 
+/* Histogram of (peer, phase) summed over the workers. */
+static void
+hist_of(const struct kvp_node *n, uint16_t peer, int phase, struct kvp_hist *h)
+{
+	memset(h, 0, sizeof(*h));
+	for (unsigned w = 0; w < n->nworkers; w++)
+		kvp_hist_merge(h, kvp_worker_hist(&n->workers[w], peer, phase));
+}
+
+/* Phase latency summaries (microseconds) of every (peer, phase) with observations. */
 static json_t *
-m_stats(struct kvp_node *n, json_t *params)
+latency_json(const struct kvp_node *n)
+{
+	json_t *arr = json_array();
+	struct kvp_hist h;
+
+	for (uint16_t p = 0; p < n->cfg.npeers; p++) {
+		for (int ph = 0; ph < KVP_HP_MAX; ph++) {
+			hist_of(n, p, ph, &h);
+			uint64_t cnt = kvp_hist_count(&h);
+
+			if (cnt == 0)
+				continue;
+			json_array_append_new(
+				arr,
+				json_pack("{s:s, s:s, s:s, s:I, s:f, s:f, s:f, s:f}", "peer",
+					  n->cfg.peers[p].node_id, "direction",
+					  ph < KVP_HP_TX_MAX ? "send" : "receive", "phase",
+					  kvp_hphase_name(ph), "count", (json_int_t)cnt, "mean_us",
+					  (double)h.sum_ns / (double)cnt / 1e3, "p50_us",
+					  (double)kvp_hist_quantile(&h, 0.5) / 1e3, "p99_us",
+					  (double)kvp_hist_quantile(&h, 0.99) / 1e3, "sum_us",
+					  (double)h.sum_ns / 1e3));
+		}
+	}
+	return arr;
+}
+
+static json_t *
+m_stats(struct kvp_node *n, json_t *params, struct rpc_err *e)
 {
 	const char *fmt = "json";
 	struct totals t;
 
-	if (params && json_unpack(params, "{s?:s}", "format", &fmt) < 0)
-		return NULL;
+	if (params && json_unpack(params, "{s?:s !}", "format", &fmt) < 0)
+		return fail_rpc(e, RPC_INVALID_PARAMS, "params: {\"format\": \"json\"|\"prometheus\"}");
 	if (strcmp(fmt, "prometheus") == 0) {
-		char *buf = malloc(REPLY_MAX / 2);
-		json_t *r;
-
-		if (!buf)
-			return json_pack("{s:s}", "text", "");
-		kvp_stats_prometheus(n, buf, REPLY_MAX / 2);
-		r = json_pack("{s:s}", "text", buf);
-		free(buf);
-		return r;
+		kvp_stats_prometheus(n, n->stats_buf, KVP_STATS_TEXT_MAX);
+		return json_pack("{s:s}", "text", n->stats_buf);
 	}
 	if (strcmp(fmt, "json") != 0)
-		return NULL;
+		return fail_rpc(e, RPC_INVALID_PARAMS, "format: expected \"json\" or \"prometheus\"");
 	gather(n, &t);
 	json_t *comp = json_object();
 	for (int c = 0; c < KVP_STATUS_MAX; c++)
@@ -195,8 +265,10 @@ m_stats(struct kvp_node *n, json_t *params)
 					   (json_int_t)KVP_STAT_READ(s->idle_ns), "sleeps",
 					   (json_int_t)KVP_STAT_READ(s->sleeps)));
 	}
-	json_t *totals = json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:i, s:I, s:I, s:I, s:i}",
-				   "tx_bytes",
+	json_t *totals = json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:i, s:I, s:I, s:I, s:i, "
+				   "s:I, s:I}",
+				   "drain_refused", (json_int_t)t.drain_refused, "deadline_misses",
+				   (json_int_t)t.deadline_misses, "tx_bytes",
 				   (json_int_t)t.all.tx_bytes, "rx_bytes",
 				   (json_int_t)t.all.rx_bytes, "xfers_submitted",
 				   (json_int_t)t.submitted, "xfers_done", (json_int_t)t.done,
@@ -211,20 +283,22 @@ m_stats(struct kvp_node *n, json_t *params)
 				  (json_int_t)n->cfg.stage_buf, "in_use", (json_int_t)t.stage_used,
 				  "high_water", (json_int_t)t.stage_hwm, "waits",
 				  (json_int_t)t.stage_waits, "host", n->cfg.stage_host);
-	return json_pack("{s:s, s:f, s:s, s:o, s:o, s:o, s:o, s:o, s:o, s:i}", "node_id",
+	return json_pack("{s:s, s:f, s:s, s:o, s:o, s:o, s:o, s:o, s:o, s:i, s:o}", "node_id",
 			 n->cfg.node_id, "uptime_s", uptime_s(n), "transport", n->tops->name,
 			 "totals", totals, "completions", comp, "staging", stage, "peers", peers,
 			 "clients", clients_json(n), "workers", workers, "regions",
-			 (int)n->regions.used);
+			 (int)n->regions.used, "latency", latency_json(n));
 }
 
 static json_t *
-m_peers(struct kvp_node *n, json_t *params)
+m_peers(struct kvp_node *n, json_t *params, struct rpc_err *e)
 {
-	json_t *arr = json_array();
+	json_t *arr;
 	char addr[80], epoch[24];
 
-	(void)params;
+	if (!no_params(params))
+		return fail_rpc(e, RPC_INVALID_PARAMS, "peers takes no params");
+	arr = json_array();
 	for (uint16_t i = 0; i < n->cfg.npeers; i++) {
 		const struct kvp_peer *p = &n->peers[i];
 
@@ -244,13 +318,15 @@ m_peers(struct kvp_node *n, json_t *params)
 }
 
 static json_t *
-m_cancel(struct kvp_node *n, json_t *params)
+m_cancel(struct kvp_node *n, json_t *params, struct rpc_err *e)
 {
 	json_int_t client = -1, user_id = -1;
 
-	if (!params || json_unpack(params, "{s:I, s:I}", "client", &client, "user_id", &user_id) < 0 ||
-	    client < 0 || user_id < 0)
-		return NULL;
+	if (!params ||
+	    json_unpack(params, "{s:I, s:I !}", "client", &client, "user_id", &user_id) < 0 ||
+	    client < 0 || client > UINT32_MAX || user_id < 0)
+		return fail_rpc(e, RPC_INVALID_PARAMS,
+				"params: {\"client\": ID >= 0, \"user_id\": ID >= 0}");
 	uint32_t slot = kvp_client_slot((uint32_t)client);
 	if (slot >= n->cfg.max_clients || n->clients[slot].state != KVP_CL_ACTIVE ||
 	    n->clients[slot].id != (uint32_t)client)
@@ -266,16 +342,505 @@ m_cancel(struct kvp_node *n, json_t *params)
 	return json_pack("{s:b}", "sent", 1);
 }
 
+/* ---- transfers in flight, slowest transfers ---- */
+
+static uint64_t
+span_of(const uint64_t *t, int a, int b)
+{
+	return t[a] && t[b] >= t[a] ? t[b] - t[a] : 0;
+}
+
+/* Where an in-flight transfer is, from the stamps it has reached. */
+static const char *
+xfer_phase(uint8_t state, int status, const uint64_t *ts)
+{
+	if (state == KVP_XS_BACKLOG)
+		return "delivering"; /* ended; its completion waits for room in the CQ */
+	if (status != KVP_OK)
+		return "aborting";
+	if (!ts[KVP_TS_ADMIT])
+		return "waiting"; /* for window or staging buffers */
+	if (!ts[KVP_TS_FIRST])
+		return "admitted";
+	if (!ts[KVP_TS_POSTED])
+		return "sending";
+	if (!ts[KVP_TS_ACKED])
+		return "wire"; /* every byte posted; waiting for the ACK */
+	return "acked";
+}
+
+static const char *
+peer_name(const struct kvp_node *n, uint16_t peer)
+{
+	return peer < n->cfg.npeers ? n->cfg.peers[peer].node_id : "?";
+}
+
+/* Optional {"limit": N}: false if params are malformed or N is out of range. */
+static bool
+limit_param(json_t *params, json_int_t *limit)
+{
+	if (params && json_unpack(params, "{s?:I !}", "limit", limit) < 0)
+		return false;
+	return *limit >= 1 && *limit <= 100000;
+}
+
+static json_t *
+m_transfers(struct kvp_node *n, json_t *params, struct rpc_err *e)
+{
+	json_int_t limit = 1000;
+	uint64_t now = kvp_mono_ns();
+	unsigned total = 0;
+	char id[24];
+
+	if (!limit_param(params, &limit))
+		return fail_rpc(e, RPC_INVALID_PARAMS, "params: {\"limit\": 1..100000} or none");
+	json_t *arr = json_array();
+	for (unsigned wi = 0; wi < n->nworkers; wi++) {
+		const struct kvp_worker *w = &n->workers[wi];
+
+		for (uint32_t i = 0; i < w->nxfers; i++) {
+			const struct kvp_xfer *x = &w->xfers[i];
+			uint8_t state = __atomic_load_n(&x->state, __ATOMIC_ACQUIRE);
+			uint64_t ts[KVP_TS_MAX];
+
+			if (state == KVP_XS_FREE)
+				continue;
+			/* The worker owns the slot: copy, then check it was not reused meanwhile. */
+			uint32_t gen = __atomic_load_n(&x->gen, __ATOMIC_RELAXED);
+			for (int k = 0; k < KVP_TS_MAX; k++)
+				ts[k] = __atomic_load_n(&x->ts[k], __ATOMIC_RELAXED);
+			uint32_t client = __atomic_load_n(&x->client, __ATOMIC_RELAXED);
+			uint64_t user_id = __atomic_load_n(&x->user_id, __ATOMIC_RELAXED);
+			uint64_t bytes = __atomic_load_n(&x->bytes, __ATOMIC_RELAXED);
+			uint64_t deadline = __atomic_load_n(&x->deadline_ns, __ATOMIC_RELAXED);
+			uint32_t nseg = __atomic_load_n(&x->nseg, __ATOMIC_RELAXED);
+			uint16_t peer = __atomic_load_n(&x->peer, __ATOMIC_RELAXED);
+			int status = __atomic_load_n(&x->status, __ATOMIC_RELAXED);
+			__atomic_thread_fence(__ATOMIC_ACQUIRE);
+			if (__atomic_load_n(&x->gen, __ATOMIC_RELAXED) != gen ||
+			    __atomic_load_n(&x->state, __ATOMIC_RELAXED) == KVP_XS_FREE)
+				continue;
+			total++;
+			if (json_array_size(arr) >= (size_t)limit)
+				continue;
+			uint64_t start = ts[KVP_TS_SUBMIT] ? ts[KVP_TS_SUBMIT] : ts[KVP_TS_PICKUP];
+			snprintf(id, sizeof(id), "%u.%" PRIx64, wi,
+				 ((uint64_t)gen << 32) | x->idx);
+			json_array_append_new(
+				arr,
+				json_pack("{s:s, s:i, s:I, s:s, s:s, s:f, s:f, s:I, s:i, s:s}", "id", id,
+					  "client", (int)client, "user_id", (json_int_t)user_id, "peer",
+					  peer_name(n, peer), "phase", xfer_phase(state, status, ts),
+					  "age_ms", now > start ? (double)(now - start) / 1e6 : 0.0,
+					  "deadline_in_ms",
+					  ((double)deadline - (double)now) / 1e6, "bytes",
+					  (json_int_t)bytes, "nseg", (int)nseg, "status",
+					  kvp_status_str(status)));
+		}
+	}
+	return json_pack("{s:i, s:b, s:o}", "count", (int)total, "truncated",
+			 total > json_array_size(arr), "transfers", arr);
+}
+
+static int
+cmp_slow(const void *a, const void *b)
+{
+	const struct kvp_slow *x = a, *y = b;
+
+	return x->total_ns < y->total_ns ? 1 : x->total_ns > y->total_ns ? -1 : 0;
+}
+
+static json_t *
+slow_json(const struct kvp_node *n, const struct kvp_slow *s, uint64_t now)
+{
+	const uint64_t *t = s->ts;
+	char tag[24];
+
+	snprintf(tag, sizeof(tag), "%" PRIx64, s->tag);
+	json_t *ph = json_pack("{s:f, s:f, s:f, s:f, s:f, s:f}", "queue_us",
+			       (double)span_of(t, KVP_TS_SUBMIT, KVP_TS_PICKUP) / 1e3, "admit_us",
+			       (double)span_of(t, KVP_TS_PICKUP, KVP_TS_ADMIT) / 1e3,
+			       "first_byte_us", (double)span_of(t, KVP_TS_ADMIT, KVP_TS_FIRST) / 1e3,
+			       "send_us", (double)span_of(t, KVP_TS_FIRST, KVP_TS_POSTED) / 1e3,
+			       "wire_us", (double)span_of(t, KVP_TS_POSTED, KVP_TS_ACKED) / 1e3,
+			       "deliver_us", (double)span_of(t, KVP_TS_ACKED, KVP_TS_DONE) / 1e3);
+	return json_pack("{s:s, s:i, s:I, s:s, s:s, s:I, s:i, s:f, s:b, s:f, s:o}", "tag", tag,
+			 "client", (int)s->client, "user_id", (json_int_t)s->user_id, "peer",
+			 peer_name(n, s->peer), "status", kvp_status_str(s->status), "bytes",
+			 (json_int_t)s->bytes, "nseg", (int)s->nseg, "total_us",
+			 (double)s->total_ns / 1e3, "deadline_missed",
+			 t[KVP_TS_DONE] > s->deadline_ns, "ended_s_ago",
+			 now > t[KVP_TS_DONE] ? (double)(now - t[KVP_TS_DONE]) / 1e9 : 0.0, "phases",
+			 ph);
+}
+
+static json_t *
+m_slowest(struct kvp_node *n, json_t *params, struct rpc_err *e)
+{
+	json_int_t limit = KVP_SLOWEST_N;
+	struct kvp_slow all[KVP_SLOWEST_N * 8];
+	unsigned cnt = 0;
+	uint64_t now = kvp_mono_ns(), window = (uint64_t)n->cfg.slowest_window_s * 1000000000ull;
+
+	if (!limit_param(params, &limit))
+		return fail_rpc(e, RPC_INVALID_PARAMS, "params: {\"limit\": 1..100000} or none");
+	for (unsigned w = 0; w < n->nworkers && w < 8; w++)
+		for (unsigned i = 0; i < KVP_SLOWEST_N; i++)
+			if (kvp_slowest_read(&n->workers[w].slowest, i, &all[cnt]) &&
+			    now - all[cnt].ts[KVP_TS_DONE] <= window)
+				cnt++;
+	qsort(all, cnt, sizeof(all[0]), cmp_slow);
+	json_t *arr = json_array();
+	for (unsigned i = 0; i < cnt && i < (unsigned)limit; i++)
+		json_array_append_new(arr, slow_json(n, &all[i], now));
+	return json_pack("{s:i, s:b, s:o}", "window_s", (int)n->cfg.slowest_window_s, "enabled",
+			 n->cfg.stats_enabled, "transfers", arr);
+}
+
+/* ---- drain ---- */
+
+static json_t *
+drain_state(struct kvp_node *n)
+{
+	struct totals t;
+
+	gather(n, &t);
+	return json_pack("{s:b, s:f, s:i, s:I, s:b}", "draining", n->draining, "since_s",
+			 n->draining ? (double)(kvp_mono_ns() - n->drain_since_ns) / 1e9 : 0.0,
+			 "inflight", (int)t.inflight, "refused", (json_int_t)t.drain_refused,
+			 "idle", n->draining && t.inflight == 0);
+}
+
+static json_t *
+m_drain(struct kvp_node *n, json_t *params, struct rpc_err *e)
+{
+	if (!no_params(params))
+		return fail_rpc(e, RPC_INVALID_PARAMS, "drain takes no params");
+	if (!n->draining)
+		kvp_node_set_draining(n, true);
+	return drain_state(n);
+}
+
+static json_t *
+m_undrain(struct kvp_node *n, json_t *params, struct rpc_err *e)
+{
+	if (!no_params(params))
+		return fail_rpc(e, RPC_INVALID_PARAMS, "undrain takes no params");
+	if (n->draining)
+		kvp_node_set_draining(n, false);
+	return drain_state(n);
+}
+
+/* ---- configuration ---- */
+
+static json_t *
+conf_value(const struct kvp_config_info *info, const char *text)
+{
+	if (info->kind == KVP_CONF_INT)
+		return json_integer((json_int_t)strtoull(text, NULL, 10));
+	if (info->kind == KVP_CONF_BOOL)
+		return json_boolean(strcmp(text, "true") == 0);
+	return json_string(text);
+}
+
+static json_t *
+conf_entry(const struct kvp_node *n, const char *key, bool full)
+{
+	struct kvp_config_info info;
+	char v[512];
+
+	if (kvp_config_get(&n->cfg, key, v, sizeof(v), &info) < 0)
+		return NULL;
+	json_t *o = json_pack("{s:s, s:o, s:b}", "key", info.key, "value", conf_value(&info, v),
+			      "runtime", info.runtime);
+	if (full && info.kind == KVP_CONF_INT) {
+		json_object_set_new(o, "min", json_integer(info.min));
+		json_object_set_new(o, "max", json_integer(info.max));
+	}
+	if (full && info.fixed)
+		json_object_set_new(o, "fixed", json_string(info.fixed));
+	return o;
+}
+
+static json_t *
+m_config_get(struct kvp_node *n, json_t *params, struct rpc_err *e)
+{
+	const char *key = NULL;
+	struct kvp_config_info info;
+
+	if (params && json_unpack(params, "{s?:s !}", "key", &key) < 0)
+		return fail_rpc(e, RPC_INVALID_PARAMS, "params: {\"key\": \"name\"} or none");
+	if (key) {
+		json_t *o = conf_entry(n, key, true);
+
+		return o ? o : fail_rpc(e, RPC_INVALID_PARAMS, "unknown key '%.64s'", key);
+	}
+	json_t *arr = json_array();
+	for (unsigned i = 0; kvp_config_describe(i, &info) == 0; i++)
+		json_array_append_new(arr, conf_entry(n, info.key, false));
+	return json_pack("{s:o}", "config", arr);
+}
+
+/* A JSON scalar as the text the config table parses. */
+static int
+value_text(json_t *v, char *buf, size_t len)
+{
+	if (json_is_string(v))
+		snprintf(buf, len, "%s", json_string_value(v));
+	else if (json_is_integer(v))
+		snprintf(buf, len, "%" JSON_INTEGER_FORMAT, json_integer_value(v));
+	else if (json_is_boolean(v))
+		snprintf(buf, len, "%s", json_is_true(v) ? "true" : "false");
+	else
+		return -EINVAL;
+	return 0;
+}
+
+/* What a runtime change must also do besides storing the value. */
+static void
+config_applied(struct kvp_node *n, const char *key)
+{
+	if (strcmp(key, "log_level") == 0)
+		rte_log_set_level_pattern("kvp.*", (uint32_t)n->cfg.log_level);
+	else if (strncmp(key, "stats.", 6) == 0)
+		n->next_stats_ns = 0; /* a new file or period takes effect now */
+	else if (strncmp(key, "poll.", 5) == 0)
+		for (unsigned i = 0; i < n->nworkers; i++) {
+			uint64_t one = 1;
+
+			/* A sleeping worker picks up the new polling mode at once. */
+			if (write(n->workers[i].evfd, &one, sizeof(one)) < 0) {
+				/* EAGAIN: already rung */
+			}
+		}
+}
+
+static json_t *
+m_config_set(struct kvp_node *n, json_t *params, struct rpc_err *e)
+{
+	const char *key = NULL;
+	json_t *val = NULL;
+	char text[512], prev[512], why[256];
+
+	if (!params || json_unpack(params, "{s:s, s:o !}", "key", &key, "value", &val) < 0)
+		return fail_rpc(e, RPC_INVALID_PARAMS,
+				"params: {\"key\": \"name\", \"value\": string|integer|boolean}");
+	if (value_text(val, text, sizeof(text)) < 0)
+		return fail_rpc(e, RPC_INVALID_PARAMS, "value: expected a string, integer or boolean");
+	if (kvp_config_get(&n->cfg, key, prev, sizeof(prev), NULL) < 0)
+		return fail_rpc(e, RPC_INVALID_PARAMS, "unknown key '%.64s'", key);
+	int rc = kvp_config_set(&n->cfg, key, text, why, sizeof(why));
+	if (rc == -EPERM)
+		return fail_rpc(e, RPC_REFUSED, "%s", why);
+	if (rc < 0)
+		return fail_rpc(e, RPC_INVALID_PARAMS, "%s", why);
+	config_applied(n, key);
+	KVP_LOG(NOTICE, core, "config_set %s: %s -> %s", key, prev, text);
+	json_t *o = conf_entry(n, key, false);
+	struct kvp_config_info info;
+
+	kvp_config_get(&n->cfg, key, text, sizeof(text), &info);
+	json_object_set_new(o, "previous", conf_value(&info, prev));
+	return o;
+}
+
+static json_t *
+m_log_level(struct kvp_node *n, json_t *params, struct rpc_err *e)
+{
+	const char *level = NULL;
+	const char *prev = kvp_log_level_name(n->cfg.log_level);
+	char why[256];
+
+	if (params && json_unpack(params, "{s?:s !}", "level", &level) < 0)
+		return fail_rpc(e, RPC_INVALID_PARAMS, "params: {\"level\": \"name\"} or none");
+	if (!level)
+		return json_pack("{s:s}", "level", prev);
+	if (kvp_config_set(&n->cfg, "log_level", level, why, sizeof(why)) < 0)
+		return fail_rpc(e, RPC_INVALID_PARAMS, "%s", why);
+	config_applied(n, "log_level");
+	KVP_LOG(NOTICE, core, "log level %s -> %s", prev, kvp_log_level_name(n->cfg.log_level));
+	return json_pack("{s:s, s:s}", "level", kvp_log_level_name(n->cfg.log_level), "previous",
+			 prev);
+}
+
+/* ---- doctor: what this node runs on, and why ---- */
+
+static void
+check(json_t *checks, bool ok, const char *what, const char *fmt, ...)
+	__attribute__((format(printf, 4, 5)));
+
+static void
+check(json_t *checks, bool ok, const char *what, const char *fmt, ...)
+{
+	char detail[384];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(detail, sizeof(detail), fmt, ap);
+	va_end(ap);
+	json_array_append_new(checks, json_pack("{s:s, s:s, s:s}", "check", what, "result",
+						ok ? "ok" : "warning", "detail", detail));
+}
+
+/* Worker lcores against the device-local CPUs of a device named @p what. */
+static void
+placement(const struct kvp_node *n, json_t *checks, const char *what,
+	  const struct kvp_topo_dev *d)
+{
+	if (d->pci[0] == '\0') {
+		check(checks, true, what,
+		      "virtual device (no PCI device): no placement to check");
+		return;
+	}
+	if (d->cpulist[0] == '\0') {
+		check(checks, true, what, "PCI %s: sysfs gives no local CPU list", d->pci);
+		return;
+	}
+	for (unsigned w = 0; w < n->nworkers; w++) {
+		unsigned lc = n->workers[w].lcore;
+		int cpu = rte_lcore_to_cpu_id((int)lc);
+
+		if (cpu >= 0 && kvp_topo_cpulist_has(d->cpulist, (unsigned)cpu))
+			check(checks, true, what,
+			      "PCI %s (NUMA %d): worker lcore %u (cpu %d) is device-local (%s)",
+			      d->pci, d->numa_node, lc, cpu, d->cpulist);
+		else
+			check(checks, false, what,
+			      "PCI %s (NUMA %d): worker lcore %u (cpu %d) is not device-local; "
+			      "pin workers to CPUs %s with EAL -l",
+			      d->pci, d->numa_node, lc, cpu, d->cpulist);
+	}
+}
+
+static json_t *
+netdev_json(const char *role, const char *addr, const char *ifname, int rc,
+	    const struct kvp_topo_dev *d)
+{
+	return json_pack("{s:s, s:s, s:s, s:s, s:i, s:s}", "role", role, "addr", addr, "iface",
+			 rc == 0 ? ifname : "?", "pci", d->pci[0] ? d->pci : "virtual",
+			 "numa_node", d->numa_node, "local_cpus", d->cpulist);
+}
+
+static json_t *
+doctor_json(struct kvp_node *n)
+{
+	json_t *checks = json_array(), *nets = json_array(), *rails = json_array(),
+	       *workers = json_array();
+	char ifname[64], addr[96], what[192];
+	struct kvp_topo_dev d;
+	int rc;
+
+	check(checks, true, "transport", "%s: %s", n->tops->name, n->transport_why);
+	if (n->rdma_ports < 0)
+		check(checks, true, "rdma", "no RDMA: %s", n->rdma_why);
+	for (unsigned i = 0; i < n->nrails && i < KVP_RAILS_MAX; i++) {
+		const struct kvp_rail_info *r = &n->rails[i];
+
+		kvp_topo_pcidev(r->pci, &d);
+		json_array_append_new(rails, json_pack("{s:s, s:i, s:b, s:s, s:i, s:s}", "dev",
+						       r->dev, "port", (int)r->port, "active",
+						       r->active, "pci", r->pci, "numa_node",
+						       r->numa_node, "local_cpus", d.cpulist));
+		snprintf(what, sizeof(what), "rail %s/%u", r->dev, r->port);
+		placement(n, checks, what, &d);
+	}
+	/* The interfaces that carry peer traffic: the listener's and each peer's route. */
+	memset(&d, 0, sizeof(d));
+	d.numa_node = -1;
+	rc = kvp_topo_iface_of_addr(n->cfg.listen_host, ifname, sizeof(ifname));
+	snprintf(addr, sizeof(addr), "%s:%u", n->cfg.listen_host, n->cfg.listen_port);
+	if (rc == 0) {
+		kvp_topo_netdev(ifname, &d);
+		snprintf(what, sizeof(what), "listen %s (%s)", addr, ifname);
+		placement(n, checks, what, &d);
+	}
+	json_array_append_new(nets, netdev_json("listen", addr, rc == -ENOENT ? "any" : ifname,
+						rc == -ENOENT ? 0 : rc, &d));
+	for (uint16_t p = 0; p < n->cfg.npeers; p++) {
+		const struct kvp_peer_conf *pc = &n->cfg.peers[p];
+
+		memset(&d, 0, sizeof(d));
+		d.numa_node = -1;
+		snprintf(addr, sizeof(addr), "%s:%u", pc->host, pc->port);
+		rc = kvp_topo_route_iface(pc->host, pc->port, ifname, sizeof(ifname));
+		if (rc == 0) {
+			kvp_topo_netdev(ifname, &d);
+			snprintf(what, sizeof(what), "route to %s (%s)", pc->node_id, ifname);
+			placement(n, checks, what, &d);
+		} else {
+			snprintf(what, sizeof(what), "route to %s", pc->node_id);
+			check(checks, false, what, "%s: no route found (%s)", addr, strerror(-rc));
+		}
+		json_array_append_new(nets, netdev_json(pc->node_id, addr, ifname, rc, &d));
+	}
+	for (unsigned w = 0; w < n->nworkers; w++) {
+		unsigned lc = n->workers[w].lcore;
+
+		json_array_append_new(workers, json_pack("{s:i, s:i, s:i}", "lcore", (int)lc, "cpu",
+							 rte_lcore_to_cpu_id((int)lc), "numa_node",
+							 (int)rte_lcore_to_socket_id(lc)));
+	}
+	const char *gpus = access("/proc/driver/nvidia/version", F_OK) == 0
+				   ? "NVIDIA driver present; GPU regions are not supported by this "
+				     "build yet"
+				   : "none (no CUDA driver)";
+	check(checks, true, "gpu", "%s", gpus);
+	return json_pack("{s:s, s:s, s:s, s:i, s:s, s:o, s:o, s:o, s:s, s:o}", "transport",
+			 n->tops->name, "transport_why", n->transport_why, "configured",
+			 n->cfg.transport == KVP_TRANSPORT_RDMA ? "rdma"
+			 : n->cfg.transport == KVP_TRANSPORT_AUTO ? "auto"
+								   : "tcp",
+			 "rdma_ports", n->rdma_ports, "rdma_why",
+			 n->rdma_ports < 0 ? n->rdma_why : "", "rails", rails, "network", nets,
+			 "workers", workers, "gpus", gpus, "checks", checks);
+}
+
+static json_t *
+m_doctor(struct kvp_node *n, json_t *params, struct rpc_err *e)
+{
+	if (!no_params(params))
+		return fail_rpc(e, RPC_INVALID_PARAMS, "doctor takes no params");
+	return doctor_json(n);
+}
+
+void
+kvp_node_log_doctor(struct kvp_node *n)
+{
+	json_t *d = doctor_json(n), *c;
+	size_t i;
+
+	json_array_foreach(json_object_get(d, "checks"), i, c)
+	{
+		const char *what = json_string_value(json_object_get(c, "check"));
+		const char *detail = json_string_value(json_object_get(c, "detail"));
+
+		if (strcmp(json_string_value(json_object_get(c, "result")), "ok") == 0)
+			KVP_LOG(INFO, core, "doctor: %s: %s", what, detail);
+		else
+			KVP_LOG(WARNING, core, "doctor: %s: %s", what, detail);
+	}
+	json_decref(d);
+}
+
 struct method {
 	const char *name;
-	json_t *(*fn)(struct kvp_node *n, json_t *params); /* NULL result = invalid params */
+	/* NULL result: the error is in the rpc_err (invalid params unless set otherwise) */
+	json_t *(*fn)(struct kvp_node *n, json_t *params, struct rpc_err *e);
 };
 
 static const struct method methods[] = {
 	{ "status", m_status },
 	{ "stats", m_stats },
 	{ "peers", m_peers },
+	{ "transfers", m_transfers },
+	{ "slowest", m_slowest },
 	{ "cancel", m_cancel },
+	{ "drain", m_drain },
+	{ "undrain", m_undrain },
+	{ "config_get", m_config_get },
+	{ "config_set", m_config_set },
+	{ "log_level", m_log_level },
+	{ "doctor", m_doctor },
 };
 
 static size_t
@@ -349,9 +914,11 @@ kvp_admin_handle(struct kvp_node *n, const char *line, size_t len, char *out, si
 		rlen = rpc_error(id, RPC_INVALID_PARAMS, "params must be an object", out, outlen);
 		goto out;
 	}
-	json_t *result = m->fn(n, params);
+	struct rpc_err err = { 0 };
+	json_t *result = m->fn(n, params, &err);
 	if (!result) {
-		rlen = rpc_error(id, RPC_INVALID_PARAMS, "invalid params", out, outlen);
+		rlen = rpc_error(id, err.code ? err.code : RPC_INVALID_PARAMS,
+				 err.msg[0] ? err.msg : "invalid params", out, outlen);
 		goto out;
 	}
 	if (!id) {
@@ -500,6 +1067,31 @@ head(struct pbuf *b, const char *name, const char *type, const char *help)
 	pb(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
 }
 
+/* One histogram series: buckets at the power-of-two bounds, cumulative, then sum and count. */
+static void
+hist_prom(struct pbuf *b, const struct kvp_node *n, const char *name, uint16_t peer, int ph)
+{
+	struct kvp_hist h;
+	uint64_t cum = 0;
+	char labels[160];
+
+	hist_of(n, peer, ph, &h);
+	snprintf(labels, sizeof(labels), "node=\"%s\",peer=\"%s\",transport=\"%s\",phase=\"%s\"",
+		 n->cfg.node_id, n->cfg.peers[peer].node_id, n->tops->name, kvp_hphase_name(ph));
+	for (unsigned i = 0; i < KVP_HIST_BUCKETS - 1; i++) {
+		uint64_t up = kvp_hist_upper(i);
+
+		cum += h.b[i];
+		if (up & (up - 1))
+			continue; /* exposed at powers of two; finer buckets feed the quantiles */
+		pb(b, "%s_bucket{%s,le=\"%.9g\"} %" PRIu64 "\n", name, labels, (double)up / 1e9, cum);
+	}
+	cum += h.b[KVP_HIST_BUCKETS - 1];
+	pb(b, "%s_bucket{%s,le=\"+Inf\"} %" PRIu64 "\n", name, labels, cum);
+	pb(b, "%s_sum{%s} %.9f\n", name, labels, (double)h.sum_ns / 1e9);
+	pb(b, "%s_count{%s} %" PRIu64 "\n", name, labels, cum);
+}
+
 size_t
 kvp_stats_prometheus(const struct kvp_node *n, char *out, size_t outlen)
 {
@@ -511,6 +1103,7 @@ kvp_stats_prometheus(const struct kvp_node *n, char *out, size_t outlen)
 		return 0;
 	gather(n, &t);
 	head(&b, "kvproxy_uptime_seconds", "gauge", "Seconds since kvproxyd started.");
+	/* The text is a snapshot: a series reads the same in every histogram line. */
 	pb(&b, "kvproxy_uptime_seconds{node=\"%s\"} %.3f\n", node, uptime_s(n));
 
 	static const struct {
@@ -588,6 +1181,76 @@ kvp_stats_prometheus(const struct kvp_node *n, char *out, size_t outlen)
 	for (unsigned w = 0; w < n->nworkers; w++)
 		pb(&b, "kvproxy_worker_sleeps_total{node=\"%s\",lcore=\"%u\"} %" PRIu64 "\n", node,
 		   n->workers[w].lcore, KVP_STAT_READ(n->workers[w].stats.sleeps));
+	head(&b, "kvproxy_draining", "gauge", "1 while the node refuses new submissions (drain).");
+	pb(&b, "kvproxy_draining{node=\"%s\"} %d\n", node, n->draining);
+	head(&b, "kvproxy_drain_refused_total", "counter",
+	     "Submissions refused with status shutdown while draining.");
+	pb(&b, "kvproxy_drain_refused_total{node=\"%s\"} %" PRIu64 "\n", node, t.drain_refused);
+	head(&b, "kvproxy_deadline_misses_total", "counter", "Transfers that ended after their deadline.");
+	pb(&b, "kvproxy_deadline_misses_total{node=\"%s\"} %" PRIu64 "\n", node, t.deadline_misses);
+	head(&b, "kvproxy_stats_enabled", "gauge", "1 if phase histograms are collected (stats.enabled).");
+	pb(&b, "kvproxy_stats_enabled{node=\"%s\"} %d\n", node, n->cfg.stats_enabled);
+	head(&b, "kvproxy_send_phase_seconds", "histogram",
+	     "Phases of successful transfers sent to the peer: queue, admit, first_byte, send, "
+	     "wire, deliver add up to total.");
+	for (uint16_t p = 0; p < n->cfg.npeers; p++)
+		for (int ph = 0; ph < KVP_HP_TX_MAX; ph++)
+			hist_prom(&b, n, "kvproxy_send_phase_seconds", p, ph);
+	head(&b, "kvproxy_receive_phase_seconds", "histogram",
+	     "Phases of transfers received from the peer: receive (first byte to last byte "
+	     "landed), deliver (landed to notice posted).");
+	for (uint16_t p = 0; p < n->cfg.npeers; p++)
+		for (int ph = KVP_HP_TX_MAX; ph < KVP_HP_MAX; ph++)
+			hist_prom(&b, n, "kvproxy_receive_phase_seconds", p, ph);
 	out[b.len] = '\0';
 	return b.len;
+}
+
+int
+kvp_stats_write_file(struct kvp_node *n)
+{
+	const char *path = n->cfg.stats_file;
+	char tmp[sizeof(n->cfg.stats_file) + 16];
+	size_t len, off = 0;
+	int fd, rc = 0;
+
+	if (path[0] == '\0')
+		return -ENOENT;
+	len = kvp_stats_prometheus(n, n->stats_buf, KVP_STATS_TEXT_MAX);
+	/* Same directory, then rename: a collector never reads half a file. */
+	snprintf(tmp, sizeof(tmp), "%s.%d.tmp", path, (int)getpid());
+	fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	if (fd < 0) {
+		rc = -errno;
+		goto err;
+	}
+	while (off < len) {
+		ssize_t w = write(fd, n->stats_buf + off, len - off);
+
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w <= 0) {
+			rc = w < 0 ? -errno : -EIO;
+			close(fd);
+			goto err_unlink;
+		}
+		off += (size_t)w;
+	}
+	if (close(fd) < 0) {
+		rc = -errno;
+		goto err_unlink;
+	}
+	if (rename(tmp, path) < 0) {
+		rc = -errno;
+		goto err_unlink;
+	}
+	n->stats_writes++;
+	return 0;
+
+err_unlink:
+	unlink(tmp);
+err:
+	n->stats_write_errors++;
+	KVP_LOG_RL(WARNING, core, "stats file %s: %s", path, strerror(-rc));
+	return rc;
 }

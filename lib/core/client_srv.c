@@ -138,6 +138,45 @@ err_sys:
 }
 
 static void
+reg_gpu(struct kvp_node *n, struct kvp_client_conn *c, const struct kvp_ctrl_req *req,
+	struct kvp_ctrl_rep *rep, int fd)
+{
+	uint32_t kind = req->u.reg.flags;
+	char why[KVP_ERRMSG_MAX] = "";
+	uint64_t dptr = 0;
+	void *cookie = NULL;
+	int rc;
+
+	if (!kvp_memops->import) {
+		rep_error(rep, -ENODEV, "GPU regions unsupported here: %s", kvp_gpu_unavailable);
+		return;
+	}
+	if (kind == KVP_REGION_CUDA_VMM && fd < 0) {
+		rep_error(rep, -EBADF, "a VMM region needs its POSIX fd attached");
+		return;
+	}
+	if (req->u.reg.len == 0) {
+		rep_error(rep, -EINVAL, "empty region");
+		return;
+	}
+	rc = kvp_memops->import(kind, req->u.reg.device, fd, req->u.reg.ipc, req->u.reg.len, &dptr,
+				&cookie, why, sizeof(why));
+	if (rc < 0) {
+		rep_error(rep, rc, "GPU %d: %s", req->u.reg.device, why);
+		return;
+	}
+	rc = kvp_region_add_gpu(&n->regions, c->id, dptr, req->u.reg.len, req->u.reg.device, cookie,
+				&rep->u.reg.key);
+	if (rc < 0) {
+		kvp_memops->release(cookie);
+		rep_error(rep, rc, "region table full (limits.max_regions = %u)", n->cfg.max_regions);
+		return;
+	}
+	KVP_LOG(INFO, core, "client %u: GPU %d region of %" PRIu64 " bytes (%s)", c->id,
+		req->u.reg.device, req->u.reg.len, kind == KVP_REGION_CUDA_IPC ? "IPC" : "VMM fd");
+}
+
+static void
 do_reg(struct kvp_node *n, struct kvp_client_conn *c, const struct kvp_ctrl_req *req,
        struct kvp_ctrl_rep *rep)
 {
@@ -147,13 +186,16 @@ do_reg(struct kvp_node *n, struct kvp_client_conn *c, const struct kvp_ctrl_req 
 	c->pending_fd = -1;
 	if (c->state != KVP_CL_ACTIVE) {
 		rep_error(rep, -EPROTO, "HELLO first");
+	} else if (req->u.reg.flags == KVP_REGION_CUDA_IPC ||
+		   req->u.reg.flags == KVP_REGION_CUDA_VMM) {
+		reg_gpu(n, c, req, rep, fd);
 	} else if (fd < 0) {
 		rep_error(rep, -EBADF, "REG needs the region's fd attached");
 	} else {
 		uint32_t flags = req->u.reg.flags;
 
 		/* Internal flags are the daemon's to set, never the client's. */
-		if (flags & KVP_REGION_F_STAGE)
+		if (flags & KVP_REGION_F_INTERNAL)
 			flags = 0;
 		else if (n->cfg.stage_host)
 			flags |= KVP_REGION_F_STAGE;

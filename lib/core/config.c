@@ -1,8 +1,10 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
- * Configuration: one table drives parsing, defaults, bounds and the dump
- * (the shape of Redis' standardConfig). Unknown keys are errors, and every
- * error reads "FILE:LINE: message".
+ * Configuration: one table drives parsing, defaults, bounds, runtime get/set
+ * and the dump (the shape of Redis' standardConfig). Unknown keys are
+ * errors, and every error reads "FILE:LINE: message". Rows flagged RT may
+ * change while running (admin config_set, main lcore); workers read those
+ * fields with relaxed loads.
  */
 #include <errno.h>
 #include <stdarg.h>
@@ -24,6 +26,10 @@ enum ctype {
 	CT_SECRET_FILE, /* path whose first line becomes auth_secret */
 };
 
+/* Row flags. */
+#define RT     0x1u /* config_set may change it while running */
+#define SECRET 0x2u /* never shown by config_get */
+
 struct conf_row {
 	const char *path;
 	enum ctype type;
@@ -33,41 +39,47 @@ struct conf_row {
 	uint32_t max;
 	uint32_t idef;
 	const char *sdef;
+	uint32_t flags;
 };
 
 #define F(field) offsetof(struct kvp_config, field), sizeof(((struct kvp_config *)0)->field)
-#define U32(p, field, lo, hi, d) { p, CT_U32, F(field), lo, hi, d, NULL }
-#define STR(p, field, d)	 { p, CT_STR, F(field), 0, 0, 0, d }
+#define U32(p, field, lo, hi, d)    { p, CT_U32, F(field), lo, hi, d, NULL, 0 }
+#define U32_RT(p, field, lo, hi, d) { p, CT_U32, F(field), lo, hi, d, NULL, RT }
+#define STR(p, field, d)	    { p, CT_STR, F(field), 0, 0, 0, d, 0 }
 
 static const struct conf_row rows[] = {
 	STR("node_id", node_id, ""),
 	STR("client_socket", client_socket, "/run/kvproxy/kvproxy.sock"),
 	STR("admin_socket", admin_socket, "/run/kvproxy/admin.sock"),
-	{ "listen", CT_HOSTPORT, F(listen_host), 0, 0, 0, "0.0.0.0:7400" },
-	{ "transport", CT_TRANSPORT, F(transport), 0, 0, 0, "tcp" },
-	{ "log_level", CT_LOGLEVEL, F(log_level), 0, 0, 0, "info" },
+	{ "listen", CT_HOSTPORT, F(listen_host), 0, 0, 0, "0.0.0.0:7400", 0 },
+	{ "transport", CT_TRANSPORT, F(transport), 0, 0, 0, "tcp", 0 },
+	{ "log_level", CT_LOGLEVEL, F(log_level), 0, 0, 0, "info", RT },
 	U32("limits.max_clients", max_clients, 1, 1024, 16),
 	U32("limits.max_regions", max_regions, 1, 65535, 1024),
 	U32("limits.max_inflight", max_inflight, 1, 65536, 256),
 	U32("limits.max_segments", max_segments, 1, KVP_XFER_SEGS_MAX, 1024),
 	U32("limits.sq_entries", sq_entries, 2, 1u << 20, 4096),
 	U32("limits.cq_entries", cq_entries, 2, 1u << 20, 1024),
-	U32("timeouts.default_ms", default_timeout_ms, 1, 3600000, 30000),
+	U32_RT("timeouts.default_ms", default_timeout_ms, 1, 3600000, 30000),
 	U32("timeouts.connect_ms", connect_timeout_ms, 10, 600000, 1000),
 	U32("timeouts.peer_ms", peer_timeout_ms, 10, 600000, 1000),
 	U32("timeouts.reconnect_ms", reconnect_ms, 1, 60000, 200),
-	U32("timeouts.admission_ms", admission_timeout_ms, 1, 3600000, 1000),
-	{ "poll.busy", CT_BOOL, F(busy_poll), 0, 0, 0, NULL },
-	U32("poll.idle_us", idle_us, 0, 10000000, 200),
+	U32_RT("timeouts.admission_ms", admission_timeout_ms, 1, 3600000, 1000),
+	{ "poll.busy", CT_BOOL, F(busy_poll), 0, 0, 0, NULL, RT },
+	U32_RT("poll.idle_us", idle_us, 0, 10000000, 200),
 	U32("tcp.frame_max", tcp_frame_max, 4096, 1u << 30, 4u << 20),
 	U32("tcp.rx_buffer", tcp_rx_buffer, 4096, 1u << 30, 256u << 10),
 	U32("tcp.tx_frames", tcp_tx_frames, 8, 65536, 512),
 	U32("tcp.send_iov", tcp_send_iov, 2, 512, 64),
 	U32("stage.pool", stage_pool, 65536, 1u << 31, 64u << 20),
 	U32("stage.buffer", stage_buf, 4096, 1u << 28, 1u << 20),
-	{ "stage.host", CT_BOOL, F(stage_host), 0, 0, 0, NULL },
-	STR("auth.secret", auth_secret, ""),
-	{ "auth.secret_file", CT_SECRET_FILE, F(auth_secret), 0, 0, 0, "" },
+	{ "stage.host", CT_BOOL, F(stage_host), 0, 0, 0, NULL, 0 },
+	{ "auth.secret", CT_STR, F(auth_secret), 0, 0, 0, "", SECRET },
+	{ "auth.secret_file", CT_SECRET_FILE, F(auth_secret), 0, 0, 0, "", SECRET },
+	{ "stats.enabled", CT_BOOL, F(stats_enabled), 0, 0, 1, NULL, RT },
+	{ "stats.file", CT_STR, F(stats_file), 0, 0, 0, "", RT },
+	U32_RT("stats.interval_ms", stats_interval_ms, 0, 86400000, 5000),
+	U32_RT("stats.slowest_window_s", slowest_window_s, 1, 86400, 300),
 };
 
 #define NROWS (sizeof(rows) / sizeof(rows[0]))
@@ -410,6 +422,11 @@ kvp_config_load(const char *path, struct kvp_config *cfg, char *err, size_t errl
 			     cfg->stage_pool, cfg->stage_buf);
 		goto out;
 	}
+	if (cfg->stats_file[0] && cfg->stats_file[0] != '/') {
+		rc = fail_at(&e, config_lookup(&lc, "stats.file"),
+			     "stats.file: expected an absolute path or \"\"");
+		goto out;
+	}
 	if (cfg->client_socket[0] == '\0' || cfg->admin_socket[0] == '\0') {
 		rc = fail_at(&e, NULL, "client_socket and admin_socket must be set");
 		goto out;
@@ -426,4 +443,193 @@ kvp_config_peer_index(const struct kvp_config *cfg, const char *node_id)
 		if (strcmp(cfg->peers[i].node_id, node_id) == 0)
 			return (int)i;
 	return -1;
+}
+
+/* ---- runtime get/set ---- */
+
+/* Why a key is fixed at start, by key prefix (first match wins). */
+static const struct {
+	const char *prefix;
+	const char *why;
+} fixed_reasons[] = {
+	{ "node_id", "the node's identity: peers know it by this id" },
+	{ "client_socket", "the socket is bound at start" },
+	{ "admin_socket", "the socket is bound at start" },
+	{ "listen", "the peer listener is bound at start" },
+	{ "transport", "the transport is chosen and built at start" },
+	{ "limits.", "tables and rings are sized from it at start (memory never grows)" },
+	{ "timeouts.", "peer links and transports take it at start" },
+	{ "tcp.", "connection buffers are allocated from it at start" },
+	{ "stage.", "the staging pool is allocated at start" },
+	{ "auth.", "peers are authenticated with it when they connect" },
+	{ "", "fixed at start" },
+};
+
+static const char *
+fixed_reason(const char *path)
+{
+	for (size_t i = 0; i < sizeof(fixed_reasons) / sizeof(fixed_reasons[0]); i++)
+		if (strncmp(path, fixed_reasons[i].prefix, strlen(fixed_reasons[i].prefix)) == 0)
+			return fixed_reasons[i].why;
+	return "fixed at start";
+}
+
+static void
+describe(const struct conf_row *r, struct kvp_config_info *info)
+{
+	memset(info, 0, sizeof(*info));
+	info->key = r->path;
+	info->kind = r->type == CT_U32 ? KVP_CONF_INT : r->type == CT_BOOL ? KVP_CONF_BOOL
+									    : KVP_CONF_STR;
+	info->runtime = (r->flags & RT) != 0;
+	info->secret = (r->flags & SECRET) != 0;
+	info->min = r->min;
+	info->max = r->max;
+	info->fixed = info->runtime ? NULL : fixed_reason(r->path);
+}
+
+int
+kvp_config_describe(unsigned i, struct kvp_config_info *info)
+{
+	if (i >= NROWS)
+		return -ENOENT;
+	describe(&rows[i], info);
+	return 0;
+}
+
+int
+kvp_config_get(const struct kvp_config *cfg, const char *key, char *buf, size_t len,
+	       struct kvp_config_info *info)
+{
+	const struct conf_row *r = find_row(key);
+	const char *p;
+
+	if (!r)
+		return -ENOENT;
+	if (info)
+		describe(r, info);
+	p = (const char *)cfg + r->off;
+	if (r->flags & SECRET) {
+		snprintf(buf, len, "%s", cfg->auth_secret[0] ? "(set)" : "");
+		return 0;
+	}
+	switch (r->type) {
+	case CT_U32:
+		snprintf(buf, len, "%u", __atomic_load_n((const uint32_t *)p, __ATOMIC_RELAXED));
+		break;
+	case CT_BOOL:
+		snprintf(buf, len, "%s",
+			 __atomic_load_n((const bool *)p, __ATOMIC_RELAXED) ? "true" : "false");
+		break;
+	case CT_HOSTPORT:
+		snprintf(buf, len, "%s:%u", cfg->listen_host, cfg->listen_port);
+		break;
+	case CT_TRANSPORT:
+		snprintf(buf, len, "%s",
+			 cfg->transport == KVP_TRANSPORT_RDMA ? "rdma"
+			 : cfg->transport == KVP_TRANSPORT_AUTO ? "auto"
+								 : "tcp");
+		break;
+	case CT_LOGLEVEL:
+		snprintf(buf, len, "%s",
+			 kvp_log_level_name(__atomic_load_n(&cfg->log_level, __ATOMIC_RELAXED)));
+		break;
+	default:
+		snprintf(buf, len, "%s", p);
+		break;
+	}
+	return 0;
+}
+
+/* Strict decimal: digits only, no sign, no blanks, no overflow. */
+static int
+parse_u64(const char *v, unsigned long long *out)
+{
+	unsigned long long x = 0;
+
+	if (*v == '\0')
+		return -EINVAL;
+	for (; *v; v++) {
+		if (*v < '0' || *v > '9' || x > (~0ull - 9) / 10)
+			return -EINVAL;
+		x = x * 10 + (unsigned)(*v - '0');
+	}
+	*out = x;
+	return 0;
+}
+
+int
+kvp_config_set(struct kvp_config *cfg, const char *key, const char *value, char *why,
+	       size_t whylen)
+{
+	const struct conf_row *r = find_row(key);
+	char *dst;
+
+	if (!r) {
+		snprintf(why, whylen, "unknown key '%.64s'", key);
+		return -ENOENT;
+	}
+	if (!(r->flags & RT)) {
+		snprintf(why, whylen, "%s cannot change at run time: %s; edit the file and restart",
+			 r->path, fixed_reason(r->path));
+		return -EPERM;
+	}
+	dst = (char *)cfg + r->off;
+	switch (r->type) {
+	case CT_U32: {
+		unsigned long long v;
+
+		if (parse_u64(value, &v) < 0 || v < r->min || v > r->max) {
+			snprintf(why, whylen, "%s: expected an integer in [%u, %u], got '%.32s'",
+				 r->path, r->min, r->max, value);
+			return -EINVAL;
+		}
+		__atomic_store_n((uint32_t *)dst, (uint32_t)v, __ATOMIC_RELAXED);
+		return 0;
+	}
+	case CT_BOOL: {
+		bool b;
+
+		if (strcmp(value, "true") == 0 || strcmp(value, "1") == 0) {
+			b = true;
+		} else if (strcmp(value, "false") == 0 || strcmp(value, "0") == 0) {
+			b = false;
+		} else {
+			snprintf(why, whylen, "%s: expected true or false, got '%.32s'", r->path,
+				 value);
+			return -EINVAL;
+		}
+		__atomic_store_n((bool *)dst, b, __ATOMIC_RELAXED);
+		return 0;
+	}
+	case CT_LOGLEVEL: {
+		int lvl = kvp_log_level_parse(value);
+
+		if (lvl < 0) {
+			snprintf(why, whylen,
+				 "%s: expected a log level (emerg, alert, crit, err, warning, "
+				 "notice, info, debug), got '%.32s'",
+				 r->path, value);
+			return -EINVAL;
+		}
+		__atomic_store_n(&cfg->log_level, lvl, __ATOMIC_RELAXED);
+		return 0;
+	}
+	case CT_STR:
+		/* Only the main lcore reads runtime strings: a plain copy is enough. */
+		if (strlen(value) >= r->size) {
+			snprintf(why, whylen, "%s: longer than %zu bytes", r->path, r->size - 1);
+			return -EINVAL;
+		}
+		if (r->off == offsetof(struct kvp_config, stats_file) && value[0] &&
+		    value[0] != '/') {
+			snprintf(why, whylen, "%s: expected an absolute path or \"\"", r->path);
+			return -EINVAL;
+		}
+		strcpy(dst, value);
+		return 0;
+	default:
+		snprintf(why, whylen, "%s cannot change at run time", r->path);
+		return -EPERM;
+	}
 }

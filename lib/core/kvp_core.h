@@ -127,6 +127,11 @@ struct kvp_config {
 
 	char auth_secret[256]; /**< shared secret; empty = peers are not authenticated */
 
+	bool stats_enabled;	    /**< phase histograms and slowest transfers [runtime] */
+	char stats_file[256];	    /**< Prometheus text file written periodically; "" = none */
+	uint32_t stats_interval_ms; /**< period of the stats file; 0 = only on SIGUSR1 */
+	uint32_t slowest_window_s;  /**< the slowest-transfers table keeps this recent a past */
+
 	uint32_t npeers;
 	struct kvp_peer_conf peers[KVP_PEERS_MAX];
 };
@@ -146,6 +151,52 @@ int kvp_config_load(const char *path, struct kvp_config *cfg, char *err, size_t 
 /** Index of @p node_id among the configured peers, or -1. */
 int kvp_config_peer_index(const struct kvp_config *cfg, const char *node_id);
 
+/** Kinds of configuration values, as config_get reports them. */
+enum kvp_config_kind {
+	KVP_CONF_INT = 0,
+	KVP_CONF_BOOL,
+	KVP_CONF_STR,
+};
+
+/** What config_get tells about one key besides its value. */
+struct kvp_config_info {
+	const char *key;
+	int kind;	   /**< enum kvp_config_kind */
+	bool runtime;	   /**< config_set may change it while running */
+	bool secret;	   /**< the value is never shown */
+	uint32_t min, max; /**< bounds of KVP_CONF_INT keys */
+	const char *fixed; /**< why it cannot change at run time (NULL if it can) */
+};
+
+/**
+ * Describe the @p i-th key of the configuration table (table order).
+ *
+ * @return 0; -ENOENT past the last key
+ */
+int kvp_config_describe(unsigned i, struct kvp_config_info *info);
+
+/**
+ * Current value of @p key as text: integers in decimal, booleans as
+ * "true"/"false", log levels and transports by name, secrets as "(set)" or "".
+ *
+ * @param info  if not NULL, receives the key's description
+ * @return 0; -ENOENT for an unknown key
+ */
+int kvp_config_get(const struct kvp_config *cfg, const char *key, char *buf, size_t len,
+		   struct kvp_config_info *info);
+
+/**
+ * Change a runtime knob (main lcore). The value is parsed and bounded by the
+ * same table row that parses the file; workers see the new value with a
+ * relaxed load. Side effects (log level) are the caller's.
+ *
+ * @param why  receives the reason on failure
+ * @return 0; -ENOENT (unknown key); -EPERM (fixed at start: @p why says
+ *   why); -EINVAL (bad value: @p why says what is expected)
+ */
+int kvp_config_set(struct kvp_config *cfg, const char *key, const char *value, char *why,
+		   size_t whylen);
+
 /* ---- region table ---- */
 
 enum kvp_region_state {
@@ -164,10 +215,15 @@ struct kvp_region {
 	uint32_t flags;
 	void *map; /**< what to munmap (page-aligned start) */
 	size_t map_len;
+	int device;   /**< CUDA device of a GPU region */
+	void *cookie; /**< GPU import, released through kvp_memops->release */
 };
 
 /** Internal region flag: data moves through the staging pool, never zero-copy. */
 #define KVP_REGION_F_STAGE 0x80000000u
+/** Internal region flag: base is a device address (never dereferenced by the CPU). */
+#define KVP_REGION_F_GPU 0x40000000u
+#define KVP_REGION_F_INTERNAL (KVP_REGION_F_STAGE | KVP_REGION_F_GPU)
 
 /**
  * Copies between a region and host memory, for regions that must be
@@ -182,7 +238,19 @@ struct kvp_memops {
 	int (*from_host)(const struct kvp_region *r, uint64_t off, const void *src, size_t len);
 	/** Called once for the whole staging pool at start (e.g. to pin it for DMA). */
 	int (*register_pool)(void *base, size_t len);
+	/**
+	 * Import a client's GPU allocation (KVP_REGION_CUDA_IPC: @p ipc;
+	 * KVP_REGION_CUDA_VMM: @p fd). NULL where GPU memory is unsupported.
+	 * @return 0 with *dptr and *cookie set; -ENODEV, -EINVAL with @p why
+	 */
+	int (*import)(uint32_t kind, int device, int fd, const uint8_t ipc[64], uint64_t len,
+		      uint64_t *dptr, void **cookie, char *why, size_t whylen);
+	/** Undo import(). */
+	void (*release)(void *cookie);
 };
+
+/** Why GPU regions are refused on this node (set at start when CUDA is unusable). */
+extern char kvp_gpu_unavailable[160];
 
 /** The memops in force (host memcpy by default). */
 extern const struct kvp_memops *kvp_memops;
@@ -211,6 +279,15 @@ void kvp_region_table_fini(struct kvp_region_table *t);
  */
 int kvp_region_add(struct kvp_region_table *t, uint32_t owner, int fd, uint64_t off,
 		   uint64_t len, uint32_t flags, uint64_t *key);
+
+/**
+ * Publish GPU memory that kvp_memops->import() mapped (main lcore); the
+ * region owns @p cookie from now on.
+ *
+ * @return 0; -ENOSPC (table full)
+ */
+int kvp_region_add_gpu(struct kvp_region_table *t, uint32_t owner, uint64_t dptr, uint64_t len,
+		       int device, void *cookie, uint64_t *key);
 
 /**
  * Remove one region of @p owner (main lcore).
@@ -343,9 +420,62 @@ struct kvp_worker_stats {
 	uint64_t stage_hwm;
 	uint64_t stage_waits;  /**< times framing or landing waited for a buffer */
 	uint64_t admin_cancels;
+	uint64_t drain_refused;	  /**< submissions refused with "shutdown" while draining */
+	uint64_t deadline_misses; /**< transfers that ended after their deadline */
 	uint64_t completions[KVP_STATUS_MAX];
 	struct kvp_peer_stats peer[KVP_PEERS_MAX];
 };
+
+/*
+ * Latency histograms: log-linear buckets over nanoseconds, fixed memory.
+ * Values up to 1024 ns fall in 4 linear buckets of 256 ns; above that each
+ * power of two is split into KVP_HIST_SUB linear buckets (at most 25 %
+ * wide), up to 2^(KVP_HIST_MAX_SHIFT+1) ns (~550 s); the last bucket holds
+ * everything larger. Bucket i holds values in (upper(i-1), upper(i)], the
+ * Prometheus "le" convention. One writer lcore per histogram
+ * (kvp_hist_record), any reader (kvp_hist_merge, relaxed loads).
+ */
+#define KVP_HIST_SUB_BITS  2
+#define KVP_HIST_SUB	   (1u << KVP_HIST_SUB_BITS)
+#define KVP_HIST_MIN_SHIFT 10
+#define KVP_HIST_MAX_SHIFT 38
+#define KVP_HIST_BUCKETS   (KVP_HIST_SUB * (KVP_HIST_MAX_SHIFT - KVP_HIST_MIN_SHIFT + 2) + 1)
+
+struct kvp_hist {
+	uint64_t sum_ns;
+	uint64_t b[KVP_HIST_BUCKETS];
+};
+
+/** Bucket of a value in nanoseconds. */
+static inline unsigned
+kvp_hist_bucket(uint64_t ns)
+{
+	uint64_t v = ns ? ns - 1 : 0;
+
+	if (v < (1ull << KVP_HIST_MIN_SHIFT))
+		return (unsigned)(v >> (KVP_HIST_MIN_SHIFT - KVP_HIST_SUB_BITS));
+	unsigned e = 63u - (unsigned)__builtin_clzll(v);
+	if (e > KVP_HIST_MAX_SHIFT)
+		return KVP_HIST_BUCKETS - 1;
+	return KVP_HIST_SUB + (e - KVP_HIST_MIN_SHIFT) * KVP_HIST_SUB +
+	       (unsigned)((v >> (e - KVP_HIST_SUB_BITS)) & (KVP_HIST_SUB - 1));
+}
+
+/** Inclusive upper bound of bucket @p i in ns; UINT64_MAX for the last one. */
+uint64_t kvp_hist_upper(unsigned i);
+
+/** Observations in @p h (sum of its buckets). */
+uint64_t kvp_hist_count(const struct kvp_hist *h);
+
+/** Add @p src (read with relaxed loads; it may be live) into @p dst (private). */
+void kvp_hist_merge(struct kvp_hist *dst, const struct kvp_hist *src);
+
+/**
+ * Upper bound of the bucket that holds the @p q quantile (0 < q <= 1).
+ *
+ * @return ns; 0 for an empty histogram; for the overflow bucket its lower bound
+ */
+uint64_t kvp_hist_quantile(const struct kvp_hist *h, double q);
 
 /** Relaxed read of a counter written by another lcore. */
 #define KVP_STAT_READ(x) __atomic_load_n(&(x), __ATOMIC_RELAXED)
@@ -353,6 +483,14 @@ struct kvp_worker_stats {
 #define KVP_STAT_SET(x, v) __atomic_store_n(&(x), (v), __ATOMIC_RELAXED)
 /** Single-writer increment visible to relaxed readers without tearing. */
 #define KVP_STAT_ADD(x, v) __atomic_store_n(&(x), (x) + (v), __ATOMIC_RELAXED)
+
+/** Record one observation (the histogram's writer lcore only). */
+static inline void
+kvp_hist_record(struct kvp_hist *h, uint64_t ns)
+{
+	KVP_STAT_ADD(h->b[kvp_hist_bucket(ns)], 1);
+	KVP_STAT_ADD(h->sum_ns, ns);
+}
 
 
 /* ---- transfers, client channels, workers ---- */
@@ -370,15 +508,82 @@ struct kvp_seg {
 	uint64_t len;
 };
 
-/** Timestamps kept per transfer (kvp_mono_ns()). */
+/** Timestamps kept per transfer (kvp_mono_ns()); 0 = not reached. */
 enum kvp_ts {
 	KVP_TS_SUBMIT = 0, /**< client's submit_ns */
-	KVP_TS_PICKUP,
-	KVP_TS_ADMIT,
-	KVP_TS_POSTED, /**< last byte handed to the transport */
-	KVP_TS_ACKED,
+	KVP_TS_PICKUP,	   /**< taken from the submission ring (a slot was free) */
+	KVP_TS_ADMIT,	   /**< the transport granted window and buffers (first frame queued) */
+	KVP_TS_FIRST,	   /**< first byte handed to the transport (kernel took the first frame) */
+	KVP_TS_POSTED,	   /**< last byte handed to the transport */
+	KVP_TS_ACKED,	   /**< the destination acknowledged every byte */
+	KVP_TS_DONE,	   /**< completion delivered to the client (or dropped: client gone) */
 	KVP_TS_MAX
 };
+
+/**
+ * Phases kept in histograms, per peer. Sending side: consecutive,
+ * non-overlapping intervals between the timestamps above (QUEUE .. DELIVER
+ * add up to TOTAL). Receiving side: RX_RECV and RX_DELIVER.
+ */
+enum kvp_hphase {
+	KVP_HP_QUEUE = 0, /**< submit -> pickup */
+	KVP_HP_ADMIT,	  /**< pickup -> admitted */
+	KVP_HP_FIRST,	  /**< admitted -> first byte posted */
+	KVP_HP_SEND,	  /**< first byte -> last byte posted */
+	KVP_HP_WIRE,	  /**< last byte posted -> acknowledged */
+	KVP_HP_DELIVER,	  /**< acknowledged -> completion delivered */
+	KVP_HP_TOTAL,	  /**< submit -> completion delivered */
+	KVP_HP_RX_RECV,	  /**< receiver: first byte received -> last byte landed (END) */
+	KVP_HP_RX_DELIVER, /**< receiver: landed -> landing notice delivered */
+	KVP_HP_MAX
+};
+
+#define KVP_HP_TX_MAX KVP_HP_RX_RECV
+
+/** Name of a histogram phase ("queue", "wire", "rx_receive", ...). */
+const char *kvp_hphase_name(int ph);
+
+/** Slowest transfers kept per worker, with their timestamps. */
+#define KVP_SLOWEST_N 32
+
+/** One ended transfer in the slowest table (written under its seqlock). */
+struct kvp_slow {
+	uint32_t seq; /**< odd while the worker rewrites the entry */
+	uint32_t client;
+	uint64_t user_id;
+	uint64_t tag;
+	uint64_t bytes;
+	uint64_t deadline_ns;
+	uint64_t total_ns; /**< submit (or pickup) -> done */
+	uint64_t ts[KVP_TS_MAX];
+	uint32_t nseg;
+	uint16_t peer;
+	int16_t status;
+};
+
+struct kvp_slowest {
+	struct kvp_slow e[KVP_SLOWEST_N];
+	uint32_t used;
+	uint32_t min_i;	      /**< entry with the smallest total */
+	uint64_t oldest_done; /**< earliest TS_DONE among the entries */
+};
+
+struct kvp_xfer;
+
+/**
+ * Offer an ended transfer to the slowest table (writer lcore). It enters if
+ * the table has room, or if it is slower than the fastest entry, or if an
+ * entry is older than @p window_ns (which it then replaces).
+ */
+void kvp_slowest_offer(struct kvp_slowest *t, const struct kvp_xfer *x, uint64_t total_ns,
+		       uint64_t now, uint64_t window_ns);
+
+/**
+ * Consistent copy of entry @p i (reader lcore).
+ *
+ * @return true if the entry is in use and was copied without a concurrent write
+ */
+bool kvp_slowest_read(const struct kvp_slowest *t, unsigned i, struct kvp_slow *out);
 
 enum kvp_xfer_state {
 	KVP_XS_FREE = 0,
@@ -394,6 +599,7 @@ struct kvp_xfer {
 	uint16_t peer;
 	int status; /**< first failure seen, KVP_OK otherwise */
 	struct kvp_chan *chan; /**< NULL once the client has gone */
+	uint32_t client;       /**< submitting client's id (kept when chan goes) */
 	uint64_t user_id;
 	uint64_t bytes;
 	uint32_t nseg;
@@ -446,7 +652,12 @@ struct kvp_transport_ops {
 	void (*destroy)(void *tctx);
 	/** Take over a handshaken connection (fd ownership passes). @return 0 or negative errno */
 	int (*attach)(void *tctx, uint16_t peer, int fd, bool outgoing, uint64_t epoch);
-	/** Queue an admitted transfer. @return 0; -ENOTCONN (no connection to the peer) */
+	/**
+	 * Queue a transfer. The transport stamps x->ts[KVP_TS_ADMIT] (window and
+	 * buffers granted), FIRST and POSTED (first and last byte handed over)
+	 * and ACKED as it gets there; completions and histograms are built from them.
+	 * @return 0; -ENOTCONN (no connection to the peer)
+	 */
 	int (*post)(void *tctx, struct kvp_xfer *x);
 	/** Move data and reap completions. @return units of work done (0 = idle) */
 	int (*progress)(void *tctx);
@@ -509,8 +720,18 @@ struct kvp_worker {
 
 	uint64_t next_timer_ns;
 	volatile bool quit;
+	bool draining; /**< set by the main lcore: refuse new submissions (relaxed) */
 	struct kvp_worker_stats stats;
+	struct kvp_hist *hist; /**< [peer * KVP_HP_MAX + phase], one row per configured peer */
+	struct kvp_slowest slowest;
 };
+
+/** Histogram of @p phase for @p peer on worker @p w. */
+static inline struct kvp_hist *
+kvp_worker_hist(const struct kvp_worker *w, uint16_t peer, int phase)
+{
+	return &w->hist[(size_t)peer * KVP_HP_MAX + (size_t)phase];
+}
 
 /**
  * Allocate a worker's tables from the configuration (start-up only).
@@ -542,9 +763,12 @@ void kvp_worker_finish_sleep(struct kvp_worker *w);
 /** Transport callback: a transfer has ended (acked or failed). */
 void kvp_worker_xfer_end(struct kvp_worker *w, struct kvp_xfer *x, int status);
 
-/** Transport callback: a transfer from @p peer landed in region @p dst_key of client @p owner. */
+/**
+ * Transport callback: a transfer from @p peer landed in region @p dst_key of
+ * client @p owner; its first byte arrived at @p first_ns (kvp_mono_ns()).
+ */
 void kvp_worker_landed(struct kvp_worker *w, uint16_t peer, uint32_t owner, uint64_t user_id,
-		       uint64_t dst_key, uint64_t bytes, uint32_t nseg);
+		       uint64_t dst_key, uint64_t bytes, uint32_t nseg, uint64_t first_ns);
 
 /** Transport callback: a connection closed; the main lcore reconnects. */
 void kvp_worker_conn_down(struct kvp_worker *w, uint16_t peer, bool outgoing,
@@ -629,6 +853,17 @@ struct kvp_admin_conn {
 	char *buf; /**< KVP_ADMIN_LINEMAX bytes, allocated at start */
 };
 
+/** An RDMA port as found at start (filled by the application from its probe). */
+struct kvp_rail_info {
+	char dev[64];
+	uint8_t port;
+	bool active;
+	int numa_node; /**< -1 if unknown */
+	char pci[32];  /**< "" if unknown */
+};
+
+#define KVP_RAILS_MAX 16
+
 struct kvp_node {
 	struct kvp_config cfg;
 	uint64_t start_ns;
@@ -653,7 +888,23 @@ struct kvp_node {
 	uint64_t auth_failures;
 	uint64_t next_reap_ns;
 	volatile bool quit;
+
+	/* Observability (main lcore). */
+	bool draining;
+	uint64_t drain_since_ns;
+	uint64_t next_stats_ns;	 /**< next periodic write of cfg.stats_file */
+	uint64_t stats_writes;	 /**< stats files written */
+	uint64_t stats_write_errors;
+	char *stats_buf;	 /**< KVP_STATS_TEXT_MAX bytes, allocated at start */
+	char transport_why[256]; /**< why this transport was chosen (for doctor) */
+	int rdma_ports;		 /**< RDMA probe result: ports found, or -errno */
+	char rdma_why[160];	 /**< the probe's reason when it found nothing */
+	unsigned nrails;
+	struct kvp_rail_info rails[KVP_RAILS_MAX];
 };
+
+/** Size of the Prometheus text buffer (stats file, admin "stats" with format prometheus). */
+#define KVP_STATS_TEXT_MAX (4u << 20)
 
 /**
  * Build the node: sockets, region table, message pool, workers and their
@@ -715,6 +966,61 @@ size_t kvp_admin_handle(struct kvp_node *n, const char *line, size_t len, char *
 
 /** Render every metric in Prometheus text format. @return bytes written (truncated at outlen) */
 size_t kvp_stats_prometheus(const struct kvp_node *n, char *out, size_t outlen);
+
+/**
+ * Write the Prometheus text to cfg.stats_file (temporary file + rename, the
+ * node_exporter textfile convention). Main lcore.
+ *
+ * @return 0; -ENOENT if no file is configured; negative errno on I/O failure
+ */
+int kvp_stats_write_file(struct kvp_node *n);
+
+/** Run the doctor's checks and log them (warnings for misplaced lcores); main lcore. */
+void kvp_node_log_doctor(struct kvp_node *n);
+
+/** Start (true) or stop (false) draining: new submissions fail with "shutdown". */
+void kvp_node_set_draining(struct kvp_node *n, bool on);
+
+/* topo.c: host topology from sysfs, for doctor and the start-up checks (main lcore) */
+
+/**
+ * Name of the interface that owns local address @p ip (getifaddrs).
+ *
+ * @return 0; -ENOENT if no interface has it (or it is a wildcard)
+ */
+int kvp_topo_iface_of_addr(const char *ip, char *ifname, size_t len);
+
+/**
+ * Interface the kernel would use to reach @p host (a connected UDP socket's
+ * local address, nothing is sent).
+ *
+ * @return 0, or negative errno
+ */
+int kvp_topo_route_iface(const char *host, uint16_t port, char *ifname, size_t len);
+
+/** Where a network interface sits: its PCI device, NUMA node and device-local CPUs. */
+struct kvp_topo_dev {
+	char pci[32];	    /**< PCI address, "" for a virtual interface */
+	int numa_node;	    /**< -1 if unknown or none */
+	char cpulist[128];  /**< CPUs local to the device (sysfs local_cpulist), "" if unknown */
+};
+
+/**
+ * Look up @p ifname under /sys/class/net.
+ *
+ * @return 0; -ENOENT (no such interface)
+ */
+int kvp_topo_netdev(const char *ifname, struct kvp_topo_dev *d);
+
+/**
+ * Look up PCI device @p pci (e.g. "0000:3b:00.0") under /sys/bus/pci/devices.
+ *
+ * @return 0; -ENOENT (no such device)
+ */
+int kvp_topo_pcidev(const char *pci, struct kvp_topo_dev *d);
+
+/** True if @p cpu appears in a sysfs CPU list such as "0-3,8,10-11". */
+bool kvp_topo_cpulist_has(const char *list, unsigned cpu);
 
 /* epoll tags: kind << 32 | index */
 enum kvp_ep_kind {

@@ -18,6 +18,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <rte_errno.h>
 #include <rte_lcore.h>
 #include <rte_malloc.h>
 #include <rte_mempool.h>
@@ -141,6 +142,16 @@ kvp_node_init(struct kvp_node *n, const struct kvp_config *cfg,
 		return rc;
 	}
 	n->clients = calloc(cfg->max_clients, sizeof(*n->clients));
+	n->rdma_ports = -ENOSYS;
+	snprintf(n->rdma_why, sizeof(n->rdma_why), "not probed (transport = tcp)");
+	snprintf(n->transport_why, sizeof(n->transport_why), "configured");
+	/* The Prometheus text is rendered into one buffer for the file and the admin socket. */
+	n->stats_buf = malloc(KVP_STATS_TEXT_MAX);
+	if (!n->stats_buf) {
+		rc = -ENOMEM;
+		snprintf(err, errlen, "out of memory");
+		goto err;
+	}
 	for (unsigned i = 0; i < KVP_ADMIN_CONNS && n->clients; i++) {
 		n->admin[i].buf = malloc(KVP_ADMIN_LINEMAX);
 		if (!n->admin[i].buf) {
@@ -151,6 +162,15 @@ kvp_node_init(struct kvp_node *n, const struct kvp_config *cfg,
 	}
 	n->msg_pool = rte_mempool_create("kvp_msg", MSG_POOL_SIZE, sizeof(struct kvp_msg), 32, 0,
 					 NULL, NULL, NULL, NULL, rte_socket_id(), 0);
+	if (!n->msg_pool) {
+		/* Usually a missing mempool driver: Debian ships it as an EAL plugin. */
+		snprintf(err, errlen,
+			 "message pool: %s (is DPDK's mempool ring driver loadable? pass "
+			 "-d librte_mempool_ring.so if DPDK's plugin directory is absent)",
+			 rte_strerror(rte_errno));
+		rc = -ENOMEM;
+		goto err;
+	}
 	n->epfd = epoll_create1(EPOLL_CLOEXEC);
 	n->evfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
 	if (!n->clients || !n->msg_pool || n->epfd < 0 || n->evfd < 0) {
@@ -271,6 +291,10 @@ kvp_node_poll(struct kvp_node *n, int timeout_ms)
 	}
 	uint64_t now = kvp_mono_ns();
 	kvp_peer_timers(n, now);
+	if (n->cfg.stats_file[0] && n->cfg.stats_interval_ms && now >= n->next_stats_ns) {
+		kvp_stats_write_file(n);
+		n->next_stats_ns = now + (uint64_t)n->cfg.stats_interval_ms * 1000000;
+	}
 	if (now >= n->next_reap_ns) {
 		kvp_client_timers(n, now);
 		/* Regions of departed clients are unmapped once their last transfer ends. */
@@ -289,6 +313,19 @@ kvp_node_stop_workers(struct kvp_node *n)
 		if (m)
 			kvp_node_send(n, i, m);
 	}
+}
+
+void
+kvp_node_set_draining(struct kvp_node *n, bool on)
+{
+	if (on && !n->draining)
+		n->drain_since_ns = kvp_mono_ns();
+	n->draining = on;
+	/* Workers poll the flag with a relaxed load at their next submission. */
+	for (unsigned i = 0; i < n->nworkers; i++)
+		__atomic_store_n(&n->workers[i].draining, on, __ATOMIC_RELAXED);
+	KVP_LOG(NOTICE, core, "%s", on ? "draining: new submissions are refused with \"shutdown\""
+				       : "drain ended: admitting new submissions");
 }
 
 void
@@ -333,6 +370,8 @@ kvp_node_fini(struct kvp_node *n)
 	for (unsigned i = 0; i < KVP_ADMIN_CONNS; i++)
 		free(n->admin[i].buf);
 	rte_mempool_free(n->msg_pool);
+	free(n->stats_buf);
+	n->stats_buf = NULL;
 	free(n->clients);
 	n->clients = NULL;
 	if (n->regions.slots)

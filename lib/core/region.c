@@ -36,7 +36,11 @@ kvp_region_table_init(struct kvp_region_table *t, uint32_t max)
 static void
 unmap_slot(struct kvp_region_table *t, struct kvp_region *r)
 {
-	munmap(r->map, r->map_len);
+	if (r->flags & KVP_REGION_F_GPU)
+		kvp_memops->release(r->cookie);
+	else
+		munmap(r->map, r->map_len);
+	r->cookie = NULL;
 	r->map = NULL;
 	r->base = NULL;
 	atomic_store(&r->key, 0);
@@ -65,13 +69,42 @@ random_tag(void)
 	return v;
 }
 
+static struct kvp_region *
+free_slot(struct kvp_region_table *t, uint32_t *idx)
+{
+	for (uint32_t i = 0; i < t->size; i++) {
+		if (atomic_load(&t->slots[i].state) == KVP_REGION_FREE) {
+			*idx = i;
+			return &t->slots[i];
+		}
+	}
+	return NULL;
+}
+
+/* Give r a fresh random key and make it visible to the workers. */
+static void
+publish(struct kvp_region_table *t, struct kvp_region *r, uint32_t i, uint64_t *key)
+{
+	uint64_t k;
+
+	atomic_store(&r->refs, 0);
+	do {
+		k = (random_tag() << SLOT_BITS) | i;
+	} while (k == 0);
+	atomic_store(&r->key, k);
+	/* Publish last: a worker that sees ACTIVE sees every field set before. */
+	atomic_store(&r->state, KVP_REGION_ACTIVE);
+	t->used++;
+	*key = k;
+}
+
 int
 kvp_region_add(struct kvp_region_table *t, uint32_t owner, int fd, uint64_t off, uint64_t len,
 	       uint32_t flags, uint64_t *key)
 {
 	long page = sysconf(_SC_PAGESIZE);
 	struct stat st;
-	struct kvp_region *r = NULL;
+	struct kvp_region *r;
 	uint32_t i;
 
 	if (len == 0 || off + len < off || (flags & ~KVP_REGION_F_STAGE) != KVP_REGION_HOST)
@@ -81,12 +114,7 @@ kvp_region_add(struct kvp_region_table *t, uint32_t owner, int fd, uint64_t off,
 	/* A mapping past EOF would SIGBUS on the first access: refuse it here. */
 	if (S_ISREG(st.st_mode) && off + len > (uint64_t)st.st_size)
 		return -EINVAL;
-	for (i = 0; i < t->size; i++) {
-		if (atomic_load(&t->slots[i].state) == KVP_REGION_FREE) {
-			r = &t->slots[i];
-			break;
-		}
-	}
+	r = free_slot(t, &i);
 	if (!r)
 		return -ENOSPC;
 	uint64_t map_off = off & ~((uint64_t)page - 1);
@@ -103,16 +131,30 @@ kvp_region_add(struct kvp_region_table *t, uint32_t owner, int fd, uint64_t off,
 	r->len = len;
 	r->owner = owner;
 	r->flags = flags;
-	atomic_store(&r->refs, 0);
-	uint64_t k;
-	do {
-		k = (random_tag() << SLOT_BITS) | i;
-	} while (k == 0);
-	atomic_store(&r->key, k);
-	/* Publish last: a worker that sees ACTIVE sees every field above. */
-	atomic_store(&r->state, KVP_REGION_ACTIVE);
-	t->used++;
-	*key = k;
+	r->device = -1;
+	r->cookie = NULL;
+	publish(t, r, i, key);
+	return 0;
+}
+
+int
+kvp_region_add_gpu(struct kvp_region_table *t, uint32_t owner, uint64_t dptr, uint64_t len,
+		   int device, void *cookie, uint64_t *key)
+{
+	uint32_t i;
+	struct kvp_region *r = free_slot(t, &i);
+
+	if (!r)
+		return -ENOSPC;
+	r->map = NULL;
+	r->map_len = 0;
+	r->base = (uint8_t *)(uintptr_t)dptr;
+	r->len = len;
+	r->owner = owner;
+	r->flags = KVP_REGION_F_GPU | KVP_REGION_F_STAGE;
+	r->device = device;
+	r->cookie = cookie;
+	publish(t, r, i, key);
 	return 0;
 }
 
@@ -230,5 +272,7 @@ static const struct kvp_memops host_memops = {
 	.from_host = host_from_host,
 	.register_pool = host_register_pool,
 };
+
+char kvp_gpu_unavailable[160] = "GPU memory support not initialised";
 
 const struct kvp_memops *kvp_memops = &host_memops;

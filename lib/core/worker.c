@@ -48,7 +48,10 @@ kvp_worker_init(struct kvp_worker *w, unsigned idx, const struct kvp_config *cfg
 	w->sqe_scratch = rte_zmalloc_socket("kvp_sqe", KVP_SQE_SIZE * (cfg->max_segments + 1),
 					    64, socket);
 	w->chans = rte_zmalloc_socket("kvp_chans", sizeof(*w->chans) * w->chan_slots, 64, socket);
-	if (!w->xfers || !w->free_idx || !w->segs || !w->sqe_scratch || !w->chans)
+	w->hist = rte_zmalloc_socket("kvp_hist",
+				     sizeof(*w->hist) * KVP_HP_MAX * (cfg->npeers ? cfg->npeers : 1),
+				     64, socket);
+	if (!w->xfers || !w->free_idx || !w->segs || !w->sqe_scratch || !w->chans || !w->hist)
 		goto err_free;
 	for (uint32_t i = 0; i < w->nxfers; i++) {
 		w->xfers[i].idx = i;
@@ -82,11 +85,13 @@ kvp_worker_fini(struct kvp_worker *w)
 	rte_ring_free(w->inbox);
 	rte_ring_free(w->outbox);
 	w->inbox = w->outbox = NULL;
+	rte_free(w->hist);
 	rte_free(w->chans);
 	rte_free(w->sqe_scratch);
 	rte_free(w->segs);
 	rte_free(w->free_idx);
 	rte_free(w->xfers);
+	w->hist = NULL;
 	w->chans = NULL;
 	w->sqe_scratch = NULL;
 	w->segs = NULL;
@@ -133,12 +138,88 @@ notify_client(struct kvp_chan *ch)
 	}
 }
 
-static void
-xfer_free(struct kvp_worker *w, struct kvp_xfer *x)
+/* t[b] - t[a] when both stamps were reached (in order), else 0. */
+static inline uint64_t
+span(const uint64_t *t, int a, int b)
 {
-	x->state = KVP_XS_FREE;
+	return t[a] && t[b] >= t[a] ? t[b] - t[a] : 0;
+}
+
+/* Start of a transfer's end-to-end time: the client's submit, else our pickup. */
+static inline uint64_t
+xfer_start(const struct kvp_xfer *x)
+{
+	return x->ts[KVP_TS_SUBMIT] ? x->ts[KVP_TS_SUBMIT] : x->ts[KVP_TS_PICKUP];
+}
+
+/* Consecutive stamps: each histogram phase runs from ph_from[p] to the stamp of p + 1. */
+static const uint8_t ph_from[KVP_HP_TX_MAX] = {
+	[KVP_HP_QUEUE] = KVP_TS_SUBMIT, [KVP_HP_ADMIT] = KVP_TS_PICKUP,
+	[KVP_HP_FIRST] = KVP_TS_ADMIT,	[KVP_HP_SEND] = KVP_TS_FIRST,
+	[KVP_HP_WIRE] = KVP_TS_POSTED,	[KVP_HP_DELIVER] = KVP_TS_ACKED,
+};
+
+static void
+log_deadline_miss(struct kvp_worker *w, const struct kvp_xfer *x)
+{
+	const uint64_t *t = x->ts;
+
+	KVP_LOG_RL(WARNING, core,
+		   "transfer client %u user_id %" PRIu64 " to %s (%" PRIu64 " bytes, %u seg) "
+		   "missed its deadline by %" PRIu64 " us, status %s; us: queue %" PRIu64
+		   " admit %" PRIu64 " first_byte %" PRIu64 " send %" PRIu64 " wire %" PRIu64
+		   " deliver %" PRIu64 " total %" PRIu64 "%s",
+		   x->client, x->user_id,
+		   x->peer < w->cfg->npeers ? w->cfg->peers[x->peer].node_id : "?", x->bytes,
+		   x->nseg, (t[KVP_TS_DONE] - x->deadline_ns) / 1000, kvp_status_str(x->status),
+		   span(t, KVP_TS_SUBMIT, KVP_TS_PICKUP) / 1000,
+		   span(t, KVP_TS_PICKUP, KVP_TS_ADMIT) / 1000,
+		   span(t, KVP_TS_ADMIT, KVP_TS_FIRST) / 1000,
+		   span(t, KVP_TS_FIRST, KVP_TS_POSTED) / 1000,
+		   span(t, KVP_TS_POSTED, KVP_TS_ACKED) / 1000,
+		   span(t, KVP_TS_ACKED, KVP_TS_DONE) / 1000, (t[KVP_TS_DONE] - xfer_start(x)) / 1000,
+		   t[KVP_TS_ADMIT] ? "" : " (never admitted)");
+}
+
+/*
+ * A transfer leaves the table: deadline check, phase histograms (successful
+ * transfers only: a failure's phases stop where it failed) and the slowest
+ * table. Timestamps stay cheap and always on (completions carry them);
+ * stats.enabled switches the aggregation.
+ */
+static void
+account(struct kvp_worker *w, struct kvp_xfer *x, uint64_t now)
+{
+	uint64_t *t = x->ts;
+
+	if (!t[KVP_TS_DONE] || t[KVP_TS_DONE] < t[KVP_TS_PICKUP])
+		t[KVP_TS_DONE] = now;
+	if (t[KVP_TS_DONE] > x->deadline_ns) {
+		KVP_STAT_ADD(w->stats.deadline_misses, 1);
+		log_deadline_miss(w, x);
+	}
+	if (!KVP_STAT_READ(w->cfg->stats_enabled))
+		return;
+	uint64_t total = t[KVP_TS_DONE] - xfer_start(x);
+
+	if (x->status == KVP_OK && x->peer < w->cfg->npeers) {
+		for (int p = 0; p < KVP_HP_TOTAL; p++)
+			if (t[ph_from[p]])
+				kvp_hist_record(kvp_worker_hist(w, x->peer, p),
+						span(t, ph_from[p], ph_from[p] + 1));
+		kvp_hist_record(kvp_worker_hist(w, x->peer, KVP_HP_TOTAL), total);
+	}
+	kvp_slowest_offer(&w->slowest, x, total, now,
+			  (uint64_t)KVP_STAT_READ(w->cfg->slowest_window_s) * 1000000000ull);
+}
+
+static void
+xfer_free(struct kvp_worker *w, struct kvp_xfer *x, uint64_t now)
+{
+	account(w, x, now);
+	__atomic_store_n(&x->state, KVP_XS_FREE, __ATOMIC_RELAXED);
 	x->chan = NULL;
-	x->gen++;
+	__atomic_store_n(&x->gen, x->gen + 1, __ATOMIC_RELAXED);
 	w->free_idx[w->nfree++] = x->idx;
 }
 
@@ -156,16 +237,16 @@ post_done(struct kvp_xfer *x, uint64_t now)
 	c.user_id = x->user_id;
 	c.bytes = x->status == KVP_OK ? x->bytes : 0;
 	c.nseg = x->nseg;
-	const uint64_t *t = x->ts;
-	if (t[KVP_TS_SUBMIT] && t[KVP_TS_PICKUP] >= t[KVP_TS_SUBMIT])
-		c.phase_ns[KVP_PH_QUEUE] = t[KVP_TS_PICKUP] - t[KVP_TS_SUBMIT];
-	if (t[KVP_TS_ADMIT])
-		c.phase_ns[KVP_PH_ADMIT] = t[KVP_TS_ADMIT] - t[KVP_TS_PICKUP];
-	if (t[KVP_TS_POSTED])
-		c.phase_ns[KVP_PH_POST] = t[KVP_TS_POSTED] - t[KVP_TS_ADMIT];
-	if (t[KVP_TS_ACKED] && t[KVP_TS_POSTED])
-		c.phase_ns[KVP_PH_WIRE] = t[KVP_TS_ACKED] - t[KVP_TS_POSTED];
-	c.phase_ns[KVP_PH_TOTAL] = now - t[KVP_TS_PICKUP];
+	uint64_t *t = x->ts;
+	t[KVP_TS_DONE] = now;
+	c.phase_ns[KVP_PH_QUEUE] = span(t, KVP_TS_SUBMIT, KVP_TS_PICKUP);
+	c.phase_ns[KVP_PH_ADMIT] = span(t, KVP_TS_PICKUP, KVP_TS_ADMIT);
+	c.phase_ns[KVP_PH_POST] = span(t, KVP_TS_ADMIT, KVP_TS_POSTED);
+	c.phase_ns[KVP_PH_WIRE] = span(t, KVP_TS_POSTED, KVP_TS_ACKED);
+	c.phase_ns[KVP_PH_TOTAL] = span(t, KVP_TS_PICKUP, KVP_TS_DONE);
+	c.phase_ns[KVP_PH_FIRST] = span(t, KVP_TS_ADMIT, KVP_TS_FIRST);
+	c.phase_ns[KVP_PH_DELIVER] = span(t, KVP_TS_ACKED, KVP_TS_DONE);
+	c.phase_ns[KVP_PH_E2E] = now - xfer_start(x);
 
 	int rc = kvp_ring_enqueue_bulk(&ch->cq, &c, 1);
 	if (rc < 0) {
@@ -207,27 +288,34 @@ kvp_worker_xfer_end(struct kvp_worker *w, struct kvp_xfer *x, int status)
 	if (x->status == KVP_OK)
 		KVP_STAT_ADD(w->stats.peer[x->peer].tx_xfers, 1);
 	if (!x->chan) {
-		xfer_free(w, x);
+		xfer_free(w, x, now);
 		return;
 	}
 	x->chan->inflight--;
 	if (x->chan->backlog_head || !post_done(x, now)) {
+		x->ts[KVP_TS_DONE] = 0;
 		backlog_push(x->chan, x);
 		return;
 	}
-	xfer_free(w, x);
+	xfer_free(w, x, now);
 }
 
 void
 kvp_worker_landed(struct kvp_worker *w, uint16_t peer, uint32_t owner, uint64_t user_id,
-		  uint64_t dst_key, uint64_t bytes, uint32_t nseg)
+		  uint64_t dst_key, uint64_t bytes, uint32_t nseg, uint64_t first_ns)
 {
 	uint32_t slot = kvp_client_slot(owner);
 	struct kvp_chan *ch = slot < w->chan_slots ? w->chans[slot] : NULL;
+	bool stats = KVP_STAT_READ(w->cfg->stats_enabled) && peer < w->cfg->npeers;
+	uint64_t landed = kvp_mono_ns();
 	struct kvp_cqe c;
 
 	KVP_STAT_ADD(w->stats.xfers_landed, 1);
 	KVP_STAT_ADD(w->stats.peer[peer].rx_xfers, 1);
+	if (first_ns == 0 || first_ns > landed)
+		first_ns = landed; /* no payload (or a clock oddity): nothing to time */
+	if (stats)
+		kvp_hist_record(kvp_worker_hist(w, peer, KVP_HP_RX_RECV), landed - first_ns);
 	if (!ch || ch->id != owner || ch->broken)
 		return;
 	memset(&c, 0, sizeof(c));
@@ -238,6 +326,10 @@ kvp_worker_landed(struct kvp_worker *w, uint16_t peer, uint32_t owner, uint64_t 
 	c.bytes = bytes;
 	c.dst_key = dst_key;
 	c.nseg = nseg;
+	uint64_t delivered = kvp_mono_ns();
+	c.phase_ns[KVP_PH_WIRE] = landed - first_ns;
+	c.phase_ns[KVP_PH_DELIVER] = delivered - landed;
+	c.phase_ns[KVP_PH_TOTAL] = delivered - first_ns;
 	int rc = kvp_ring_enqueue_bulk(&ch->cq, &c, 1);
 	if (rc < 0) {
 		ch->broken = true;
@@ -248,6 +340,8 @@ kvp_worker_landed(struct kvp_worker *w, uint16_t peer, uint32_t owner, uint64_t 
 		atomic_fetch_add_explicit(&ch->cq.shm->overflow, 1, memory_order_relaxed);
 		return;
 	}
+	if (stats)
+		kvp_hist_record(kvp_worker_hist(w, peer, KVP_HP_RX_DELIVER), delivered - landed);
 	notify_client(ch);
 }
 
@@ -278,9 +372,11 @@ chan_del(struct kvp_worker *w, struct kvp_chan *ch)
 	for (uint32_t i = 0; i < w->nxfers; i++)
 		if (w->xfers[i].chan == ch && w->xfers[i].state == KVP_XS_ACTIVE)
 			w->xfers[i].chan = NULL;
+	uint64_t now = kvp_mono_ns();
+
 	for (struct kvp_xfer *x = ch->backlog_head, *n; x; x = n) {
 		n = x->next;
-		xfer_free(w, x);
+		xfer_free(w, x, now);
 	}
 	ch->backlog_head = ch->backlog_tail = NULL;
 	if (w->chans[slot] == ch) {
@@ -448,10 +544,22 @@ poll_chan(struct kvp_worker *w, struct kvp_chan *ch, uint64_t now)
 		}
 		if ((uint32_t)room <= ch->inflight)
 			break;
+		if (__atomic_load_n(&w->draining, __ATOMIC_RELAXED)) {
+			/* Draining: in-flight work finishes, new work is refused at once. */
+			if (!refuse(ch, &h, KVP_ESHUTDOWN))
+				break;
+			kvp_ring_consume(&ch->sq, 1 + h.nseg);
+			n -= (int)(1 + h.nseg);
+			consumed += (int)(1 + h.nseg);
+			KVP_STAT_ADD(w->stats.completions[KVP_ESHUTDOWN], 1);
+			KVP_STAT_ADD(w->stats.drain_refused, 1);
+			continue;
+		}
 		if (w->nfree == 0) {
 			/* The ring is the admission queue; its head may wait only so long. */
 			if (h.submit_ns && now > h.submit_ns &&
-			    now - h.submit_ns > (uint64_t)w->cfg->admission_timeout_ms * 1000000 &&
+			    now - h.submit_ns >
+				    (uint64_t)KVP_STAT_READ(w->cfg->admission_timeout_ms) * 1000000 &&
 			    refuse(ch, &h, KVP_ENOBUFS)) {
 				kvp_ring_consume(&ch->sq, 1 + h.nseg);
 				n -= (int)(1 + h.nseg);
@@ -465,8 +573,8 @@ poll_chan(struct kvp_worker *w, struct kvp_chan *ch, uint64_t now)
 		struct kvp_xfer *x = &w->xfers[w->free_idx[--w->nfree]];
 		if (w->nxfers - w->nfree > w->stats.inflight_hwm)
 			KVP_STAT_ADD(w->stats.inflight_hwm, w->nxfers - w->nfree - w->stats.inflight_hwm);
-		x->state = KVP_XS_ACTIVE;
 		x->chan = ch;
+		x->client = ch->id;
 		x->peer = h.peer;
 		x->status = KVP_OK;
 		x->user_id = h.user_id;
@@ -476,12 +584,17 @@ poll_chan(struct kvp_worker *w, struct kvp_chan *ch, uint64_t now)
 		x->t_frames = 0;
 		x->t_state = 0;
 		memset(x->ts, 0, sizeof(x->ts));
-		x->ts[KVP_TS_SUBMIT] = h.submit_ns;
+		/* A submit stamp from the future is no stamp (same host, same clock). */
+		x->ts[KVP_TS_SUBMIT] = h.submit_ns <= now ? h.submit_ns : 0;
 		x->ts[KVP_TS_PICKUP] = now;
-		/* Deadlines run from the client's submit (same host, same clock). */
-		uint64_t start = h.submit_ns && h.submit_ns <= now ? h.submit_ns : now;
-		x->deadline_ns = start + (h.timeout_ns ? h.timeout_ns
-						       : (uint64_t)w->cfg->default_timeout_ms * 1000000);
+		/* Deadlines run from the client's submit. */
+		uint64_t start = x->ts[KVP_TS_SUBMIT] ? x->ts[KVP_TS_SUBMIT] : now;
+		x->deadline_ns =
+			start + (h.timeout_ns ? h.timeout_ns
+					      : (uint64_t)KVP_STAT_READ(w->cfg->default_timeout_ms) *
+							1000000);
+		/* Visible to the admin "transfers" listing once its fields are set. */
+		__atomic_store_n(&x->state, KVP_XS_ACTIVE, __ATOMIC_RELEASE);
 		ch->inflight++;
 		KVP_STAT_ADD(w->stats.xfers_submitted, 1);
 
@@ -503,7 +616,7 @@ poll_chan(struct kvp_worker *w, struct kvp_chan *ch, uint64_t now)
 			fail_now(w, x, st);
 			continue;
 		}
-		x->ts[KVP_TS_ADMIT] = now;
+		/* The transport stamps ADMIT, FIRST, POSTED and ACKED as it gets there. */
 		if (w->tops->post(w->tctx, x) < 0)
 			fail_now(w, x, KVP_EPEER);
 	}
@@ -546,7 +659,7 @@ drain_backlog(struct kvp_worker *w, struct kvp_chan *ch, uint64_t now)
 		ch->backlog_head = x->next;
 		if (!ch->backlog_head)
 			ch->backlog_tail = NULL;
-		xfer_free(w, x);
+		xfer_free(w, x, now);
 		n++;
 	}
 	return n;

@@ -57,13 +57,29 @@ enum kvp_status {
 	KVP_STATUS_MAX
 };
 
-/** Phase durations reported in a completion (nanoseconds). */
+/**
+ * Phase durations reported in a completion (nanoseconds); 0 where a phase
+ * did not happen (e.g. a transfer that failed before reaching the wire).
+ *
+ * On DONE completions: QUEUE + ADMIT + POST + WIRE + DELIVER == E2E, and
+ * TOTAL == E2E - QUEUE. FIRST is the first part of POST.
+ *
+ * On LANDED completions (the receiving side) only WIRE (first byte received
+ * -> last byte landed here), DELIVER (landed -> notice posted) and TOTAL
+ * (first byte received -> notice posted) are set.
+ *
+ * Values 5..7 were reserved slots of phase_ns[] before; the layout of
+ * struct kvp_cqe is unchanged and old clients simply ignore them.
+ */
 enum kvp_phase {
 	KVP_PH_QUEUE = 0, /**< client submit -> daemon pickup */
 	KVP_PH_ADMIT,	  /**< pickup -> admitted (window/buffers granted) */
 	KVP_PH_POST,	  /**< admitted -> last byte handed to the transport */
 	KVP_PH_WIRE,	  /**< last byte posted -> acknowledged by the destination */
 	KVP_PH_TOTAL,	  /**< pickup -> completion posted */
+	KVP_PH_FIRST,	  /**< admitted -> first byte handed to the transport */
+	KVP_PH_DELIVER,	  /**< acknowledged -> completion posted (CQ backlog wait) */
+	KVP_PH_E2E,	  /**< client submit -> completion posted */
 	KVP_PH_MAX = 8
 };
 
@@ -361,6 +377,8 @@ enum kvp_ctrl_op {
 
 enum kvp_region_flags {
 	KVP_REGION_HOST = 0x1, /**< host memory behind a shareable fd (memfd, shm, hugetlbfs) */
+	KVP_REGION_CUDA_IPC = 0x2, /**< cudaMalloc memory: a CUDA IPC handle in reg.ipc */
+	KVP_REGION_CUDA_VMM = 0x4, /**< CUDA VMM allocation exported as a POSIX fd (attached) */
 };
 
 /** Request, client -> daemon. */
@@ -378,7 +396,9 @@ struct kvp_ctrl_req {
 		struct {
 			uint64_t fd_offset; /**< offset into the passed fd */
 			uint64_t len;
-			uint32_t flags; /**< enum kvp_region_flags */
+			uint32_t flags;	 /**< enum kvp_region_flags */
+			int32_t device;	 /**< CUDA device ordinal (GPU regions) */
+			uint8_t ipc[64]; /**< CUDA IPC memory handle (KVP_REGION_CUDA_IPC) */
 		} reg;
 		struct {
 			uint64_t key;

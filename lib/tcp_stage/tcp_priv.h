@@ -70,6 +70,7 @@ enum rx_state {
 struct rx_entry {
 	uint64_t tag;
 	uint64_t bytes;
+	uint64_t first_ns; /* when its first DATA frame arrived */
 	int status;
 };
 

@@ -122,6 +122,7 @@ on_data(struct tcp_ctx *t, struct tcp_conn *c, const struct kvp_wire_hdr *h)
 		e->tag = h->tag;
 		e->bytes = 0;
 		e->status = KVP_OK;
+		e->first_ns = c->last_rx_ns; /* when the bytes holding this header arrived */
 	}
 	c->rx_ent = e;
 	if (e->status == KVP_OK) {
@@ -174,7 +175,8 @@ on_end(struct tcp_ctx *t, struct tcp_conn *c, const struct kvp_wire_hdr *h)
 			uint32_t owner = r->owner;
 
 			kvp_region_put(r);
-			kvp_worker_landed(t->w, c->peer, owner, h->aux, h->key, e->bytes, h->aux2);
+			kvp_worker_landed(t->w, c->peer, owner, h->aux, h->key, e->bytes, h->aux2,
+					  e->first_ns);
 		} else {
 			status = KVP_EREMOTE; /* deregistered while landing */
 		}
@@ -198,6 +200,8 @@ on_ack(struct tcp_ctx *t, const struct kvp_wire_hdr *h)
 	x->ts[KVP_TS_ACKED] = kvp_mono_ns();
 	if (!x->ts[KVP_TS_POSTED])
 		x->ts[KVP_TS_POSTED] = x->ts[KVP_TS_ACKED];
+	if (!x->ts[KVP_TS_FIRST])
+		x->ts[KVP_TS_FIRST] = x->ts[KVP_TS_POSTED];
 	kvp_worker_xfer_end(t->w, x, h->aux == KVP_OK ? KVP_OK : KVP_EREMOTE);
 }
 

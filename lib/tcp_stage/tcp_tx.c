@@ -73,6 +73,9 @@ frame_data(struct tcp_ctx *t, struct tcp_conn *c, struct kvp_xfer *x)
 	}
 	if (len > limit)
 		len = limit;
+	/* Window and buffer granted for the first time: the transfer is admitted. */
+	if (!x->ts[KVP_TS_ADMIT])
+		x->ts[KVP_TS_ADMIT] = kvp_mono_ns();
 	x->t_off += len;
 	if (x->t_off == s->len) {
 		x->t_seg++;
@@ -172,6 +175,8 @@ frame_sent(struct tcp_ctx *t, struct tcp_conn *c, struct tx_frame *f, uint64_t n
 	if (x->state != KVP_XS_ACTIVE || kvp_xfer_tag(x) != f->hdr.tag)
 		return;
 	x->t_frames--;
+	if (f->hdr.type == KVP_W_DATA && !x->ts[KVP_TS_FIRST])
+		x->ts[KVP_TS_FIRST] = now;
 	if (f->hdr.type == KVP_W_END && x->t_state == TX_FRAMED) {
 		x->ts[KVP_TS_POSTED] = now;
 		x->t_state = TX_WAIT_ACK;
@@ -343,13 +348,13 @@ tcp_tx_reset(struct tcp_ctx *t, struct tcp_conn *c)
 void
 tcp_tx_admission(struct tcp_ctx *t, struct tcp_conn *c, uint64_t now)
 {
-	uint64_t limit = (uint64_t)t->w->cfg->admission_timeout_ms * 1000000;
+	uint64_t limit = (uint64_t)KVP_STAT_READ(t->w->cfg->admission_timeout_ms) * 1000000;
 	struct kvp_xfer *x = c->pend_head, *next;
 
 	for (; x; x = next) {
 		next = x->next;
 		if (x->status == KVP_OK && x->t_frames == 0 && x->t_seg == 0 && x->t_off == 0 &&
-		    now - x->ts[KVP_TS_ADMIT] > limit)
+		    now - x->ts[KVP_TS_PICKUP] > limit)
 			tcp_tx_cancel(t, c, x, KVP_ENOBUFS);
 	}
 }

@@ -106,12 +106,16 @@ class Completion:
         bytes: payload bytes moved.
         nseg: segments in the transfer.
         dst_key: ``landed``: the destination region of the first segment (0 on ``done``).
-        phases: seconds spent per phase, keys ``queue`` (submit -> daemon pickup),
-            ``admit`` (pickup -> admitted), ``post`` (admitted -> last byte handed
-            to the transport), ``wire`` (-> acknowledged by the destination) and
-            ``total`` (pickup -> completion posted). ``queue`` lies before
-            ``total``; the other three lie within it. The daemon times the
-            submitting side: on ``landed`` completions every phase is 0.
+        phases: seconds spent per phase (0 where a phase did not happen). On
+            ``done``: ``queue`` (submit -> daemon pickup), ``admit`` (pickup ->
+            admitted), ``first`` (admitted -> first byte handed to the
+            transport), ``post`` (admitted -> last byte handed to the
+            transport), ``wire`` (-> acknowledged by the destination),
+            ``deliver`` (acknowledged -> completion posted), ``total`` (pickup
+            -> completion posted) and ``e2e`` (submit -> completion posted);
+            queue + admit + post + wire + deliver == e2e. On ``landed``:
+            ``wire`` (first byte received -> last byte landed), ``deliver``
+            (landed -> notice posted) and ``total``.
     """
 
     kind: str

@@ -50,7 +50,7 @@ CQE_DONE = 1
 CQE_LANDED = 2
 
 # enum kvp_phase, in order
-PHASE_NAMES = ("queue", "admit", "post", "wire", "total")
+PHASE_NAMES = ("queue", "admit", "post", "wire", "total", "first", "deliver", "e2e")
 
 
 class LibraryNotFoundError(ImportError):

@@ -438,14 +438,17 @@ class BindingTest(unittest.TestCase):
         self.assertEqual(landed.dst_key, self.dst.key)
         self.assertEqual(landed.peer, self.d.peer("prefill0"))
 
-        self.assertEqual(set(done.phases), {"queue", "admit", "post", "wire", "total"})
+        self.assertEqual(set(done.phases),
+                         {"queue", "admit", "post", "wire", "total", "first", "deliver", "e2e"})
         for name, v in done.phases.items():
             self.assertGreaterEqual(v, 0.0, name)
             self.assertLess(v, XFER_TIMEOUT, f"{name} = {v}s: an unsigned underflow?")
         # queue is submit -> pickup and lies before total (pickup -> completion).
-        for name in ("admit", "post", "wire"):
+        for name in ("admit", "post", "wire", "first", "deliver"):
             self.assertGreaterEqual(done.phases["total"], done.phases[name], name)
         self.assertGreater(done.phases["total"], 0.0)
+        parts = sum(done.phases[k] for k in ("queue", "admit", "post", "wire", "deliver"))
+        self.assertAlmostEqual(parts, done.phases["e2e"], delta=1e-6)
 
         got = bytes(self.dst_buf[:n])
         if got != data:

@@ -220,6 +220,10 @@ admin_of() { echo "$KVP_TMP/$1.admin"; }
 # EAL arguments shared by every daemon of the suite (no hugepages, no shared
 # config, so several primaries can run on one host).
 KVP_EAL=(-l "0,1" --no-huge --no-shconf -m 256 --log-level=lib.eal:error)
+# Extra EAL words from the environment (e.g. "-d /path/librte_mempool_ring.so"
+# on a host without DPDK's plugin directory).
+read -r -a KVP_EAL_EXTRA_ARR <<<"${KVP_EAL_EXTRA:-}"
+KVP_EAL+=("${KVP_EAL_EXTRA_ARR[@]}")
 
 # start_daemon NODE_ID NS: starts kvproxyd in the background (NS empty: on
 # the host); its pid goes to DPID[NODE_ID], its output to $KVP_TMP/NODE_ID.log.

@@ -64,8 +64,18 @@ usage_main(FILE *f)
 		"\n"
 		"Commands:\n"
 		"  status                       node summary\n"
-		"  stats [--prometheus]         counters: totals, completions, peers, clients, workers\n"
+		"  stats [--prometheus]         counters: totals, completions, peers, latency, ...\n"
 		"  peers                        configured peers and their connection state\n"
+		"  transfers [--limit N]        transfers in flight: age, phase, bytes\n"
+		"  slowest [--limit N]          slowest recent transfers with their phase breakdown\n"
+		"  cancel CLIENT USER_ID        cancel a client's in-flight transfer\n"
+		"  drain [--no-wait] [--wait S] stop admitting new transfers, let in-flight ones finish\n"
+		"  undrain                      admit new transfers again (alias: resume)\n"
+		"  config_get [KEY]             configuration values (runtime knobs marked)\n"
+		"  config_set KEY VALUE         change a runtime knob\n"
+		"  log_level [LEVEL]            show or set the log level\n"
+		"  doctor                       transport, NIC/CPU placement and GPU checks, with reasons\n"
+		"  watch [--count N]            live view (throughput per peer, pool, in flight), 1/s\n"
 		"  call METHOD [JSON-PARAMS]    raw JSON-RPC call; prints the result as JSON\n"
 		"\n"
 		"Run '%s COMMAND --help' for a command's options.\n"
@@ -98,6 +108,96 @@ usage_cmd(FILE *f, const char *cmd)
 			"\n"
 			"Show the configured peers: address, state (up, connecting, down),\n"
 			"connection epoch, connects, disconnects and the last error.\n",
+			prog);
+	else if (strcmp(cmd, "transfers") == 0)
+		fprintf(f,
+			"Usage: %s [GLOBAL-OPTIONS] transfers [--json] [--limit N]\n"
+			"\n"
+			"List the transfers in flight on this node: id, client, user id, peer,\n"
+			"phase (waiting, admitted, sending, wire, acked, aborting, delivering),\n"
+			"age and time left to the deadline (ms), bytes and segments.\n"
+			"\n"
+			"  --limit N  list at most N (default 1000); COUNT is always the full number\n",
+			prog);
+	else if (strcmp(cmd, "slowest") == 0)
+		fprintf(f,
+			"Usage: %s [GLOBAL-OPTIONS] slowest [--json] [--limit N]\n"
+			"\n"
+			"The slowest transfers that ended within stats.slowest_window_s, slowest\n"
+			"first, with the time of each phase in microseconds: queue (client submit\n"
+			"to pickup), admit (to window/buffers), first_byte, send (first to last\n"
+			"byte posted), wire (to the ACK), deliver (to the completion).\n"
+			"\n"
+			"  --limit N  show at most N (default 32)\n",
+			prog);
+	else if (strcmp(cmd, "cancel") == 0)
+		fprintf(f,
+			"Usage: %s [GLOBAL-OPTIONS] cancel CLIENT USER_ID\n"
+			"\n"
+			"Cancel the in-flight transfer USER_ID of client CLIENT (ids as listed by\n"
+			"'transfers'). The client sees the transfer complete as \"canceled\".\n",
+			prog);
+	else if (strcmp(cmd, "drain") == 0)
+		fprintf(f,
+			"Usage: %s [GLOBAL-OPTIONS] drain [--json] [--no-wait] [--wait SEC]\n"
+			"\n"
+			"Stop admitting: new submissions complete at once with status \"shutdown\";\n"
+			"transfers in flight finish. Waits (up to --wait SEC, default 60) until\n"
+			"nothing is in flight, then reports how many submissions were refused.\n"
+			"Exit status 3 if transfers are still in flight when the wait ends.\n"
+			"\n"
+			"  --no-wait  report at once\n",
+			prog);
+	else if (strcmp(cmd, "undrain") == 0 || strcmp(cmd, "resume") == 0)
+		fprintf(f,
+			"Usage: %s [GLOBAL-OPTIONS] undrain [--json]\n"
+			"\n"
+			"End a drain: new submissions are admitted again.\n",
+			prog);
+	else if (strcmp(cmd, "config_get") == 0)
+		fprintf(f,
+			"Usage: %s [GLOBAL-OPTIONS] config_get [--json] [KEY]\n"
+			"\n"
+			"Without KEY, every configuration key with its value; RUNTIME says\n"
+			"whether config_set can change it. With KEY, that key, its bounds and,\n"
+			"for a key fixed at start, why. Secrets show as \"(set)\".\n",
+			prog);
+	else if (strcmp(cmd, "config_set") == 0)
+		fprintf(f,
+			"Usage: %s [GLOBAL-OPTIONS] config_set [--json] KEY VALUE\n"
+			"\n"
+			"Change a runtime knob, e.g. log_level, timeouts.default_ms,\n"
+			"timeouts.admission_ms, poll.busy, poll.idle_us, stats.enabled,\n"
+			"stats.file, stats.interval_ms, stats.slowest_window_s. VALUE is checked\n"
+			"against the same bounds as the configuration file. Keys fixed at start\n"
+			"are refused with the reason (exit status 1).\n",
+			prog);
+	else if (strcmp(cmd, "log_level") == 0)
+		fprintf(f,
+			"Usage: %s [GLOBAL-OPTIONS] log_level [--json] [LEVEL]\n"
+			"\n"
+			"Show the log level of the kvp.* log types, or set it to LEVEL: emerg,\n"
+			"alert, crit, err, warning, notice, info or debug.\n",
+			prog);
+	else if (strcmp(cmd, "doctor") == 0)
+		fprintf(f,
+			"Usage: %s [GLOBAL-OPTIONS] doctor [--json]\n"
+			"\n"
+			"Preflight report: the transport in use and why, the RDMA probe, the\n"
+			"network interfaces that carry peer traffic with their PCI device, NUMA\n"
+			"node and device-local CPUs, whether each worker lcore is local to them,\n"
+			"and GPUs. Warnings say what to change.\n",
+			prog);
+	else if (strcmp(cmd, "watch") == 0)
+		fprintf(f,
+			"Usage: %s [GLOBAL-OPTIONS] watch [--count N] [--interval SEC]\n"
+			"\n"
+			"Refresh a compact live view: transfers in flight, staging pool use,\n"
+			"completions, and per peer the throughput (from byte deltas between\n"
+			"refreshes) in both directions. Ctrl-C stops it.\n"
+			"\n"
+			"  --count N       stop after N refreshes\n"
+			"  --interval SEC  time between refreshes (default 1)\n",
 			prog);
 	else if (strcmp(cmd, "call") == 0)
 		fprintf(f,
@@ -480,7 +580,8 @@ static const char *const order_status[] = {
 	"regions", "inflight", "peers", "peers_up", "draining",  NULL,
 };
 static const char *const order_stats[] = {
-	"node_id", "uptime_s", "totals", "completions", "peers", "clients", "workers", NULL,
+	"node_id", "uptime_s", "totals",  "completions", "peers",
+	"latency", "clients",  "workers", NULL,
 };
 static const char *const order_totals[] = {
 	"tx_bytes",     "rx_bytes",  "xfers_submitted", "xfers_done",
@@ -500,6 +601,9 @@ static const char *const cols_clients[] = {
 static const char *const cols_workers[] = {
 	"lcore", "loops", "busy_ns", "idle_ns", "sleeps", NULL,
 };
+static const char *const cols_latency[] = {
+	"peer", "direction", "phase", "count", "mean_us", "p50_us", "p99_us", "sum_us", NULL,
+};
 
 struct order_map {
 	const char *name;
@@ -508,8 +612,13 @@ struct order_map {
 
 /* Nested sections and tables by key name. */
 static const struct order_map section_orders[] = {
-	{ "totals", order_totals },  { "completions", order_completions }, { "peers", cols_peers },
-	{ "clients", cols_clients }, { "workers", cols_workers },          { NULL, NULL },
+	{ "totals", order_totals },
+	{ "completions", order_completions },
+	{ "peers", cols_peers },
+	{ "clients", cols_clients },
+	{ "workers", cols_workers },
+	{ "latency", cols_latency },
+	{ NULL, NULL },
 };
 
 static const char *const *
@@ -715,7 +824,44 @@ print_json(json_t *v)
 
 struct cmd_opts {
 	bool prometheus;
+	bool no_wait;
+	long limit;      /* 0: the daemon's default */
+	long count;      /* watch: 0 = until interrupted */
+	double interval; /* watch */
+	double wait_s;   /* drain */
 };
+
+/* Command-specific options: which command accepts which. */
+static const struct {
+	int opt;
+	const char *cmds;
+} cmd_only[] = {
+	{ 'p', " stats " }, { 'l', " transfers slowest " },
+	{ 'n', " drain " }, { 'w', " drain " },
+	{ 'c', " watch " }, { 'i', " watch " },
+};
+
+static bool
+opt_allowed(int opt, const char *cmd)
+{
+	char key[40];
+
+	snprintf(key, sizeof(key), " %s ", cmd);
+	for (size_t i = 0; i < sizeof(cmd_only) / sizeof(cmd_only[0]); i++)
+		if (cmd_only[i].opt == opt)
+			return strstr(cmd_only[i].cmds, key) != NULL;
+	return true;
+}
+
+static bool
+parse_num(const char *s, double lo, double hi, double *out)
+{
+	char *end;
+
+	errno = 0;
+	*out = strtod(s, &end);
+	return errno == 0 && end != s && *end == '\0' && *out >= lo && *out <= hi;
+}
 
 /*
  * Parse a command's own options (--help, --json, and --prometheus for
@@ -730,10 +876,18 @@ parse_cmd_opts(const char *cmd, int argc, char **argv, struct opts *o, struct cm
 		{ "help", no_argument, NULL, 'h' },
 		{ "json", no_argument, NULL, 'j' },
 		{ "prometheus", no_argument, NULL, 'p' },
+		{ "limit", required_argument, NULL, 'l' },
+		{ "no-wait", no_argument, NULL, 'n' },
+		{ "wait", required_argument, NULL, 'w' },
+		{ "count", required_argument, NULL, 'c' },
+		{ "interval", required_argument, NULL, 'i' },
 		{ NULL, 0, NULL, 0 },
 	};
-	bool is_stats = strcmp(cmd, "stats") == 0;
+	double v;
 	int c;
+
+	co->interval = 1.0;
+	co->wait_s = 60.0;
 
 	optind = 1;
 	/* "+": stop at the first positional so JSON params starting with '-' stay intact. */
@@ -746,9 +900,38 @@ parse_cmd_opts(const char *cmd, int argc, char **argv, struct opts *o, struct cm
 			o->json = true;
 			break;
 		case 'p':
-			if (!is_stats)
-				return usage_error("%s: unknown option --prometheus", cmd);
-			co->prometheus = true;
+		case 'l':
+		case 'n':
+		case 'w':
+		case 'c':
+		case 'i':
+			if (!opt_allowed(c, cmd))
+				return usage_error("%s: unknown option %s", cmd, argv[optind - 1]);
+			if (c == 'p') {
+				co->prometheus = true;
+			} else if (c == 'n') {
+				co->no_wait = true;
+			} else if (c == 'l') {
+				if (!parse_num(optarg, 1, 100000, &v) || v != (long)v)
+					return usage_error("%s: --limit: expected 1..100000", cmd);
+				co->limit = (long)v;
+			} else if (c == 'c') {
+				if (!parse_num(optarg, 1, 1e9, &v) || v != (long)v)
+					return usage_error(
+						"%s: --count: expected a positive integer", cmd);
+				co->count = (long)v;
+			} else if (c == 'i') {
+				if (!parse_num(optarg, 0.05, 3600, &v))
+					return usage_error("%s: --interval: expected seconds in "
+							   "[0.05, 3600]",
+							   cmd);
+				co->interval = v;
+			} else {
+				if (!parse_num(optarg, 0, 86400, &v))
+					return usage_error(
+						"%s: --wait: expected seconds in [0, 86400]", cmd);
+				co->wait_s = v;
+			}
 			break;
 		default:
 			fprintf(stderr, "Try '%s %s --help'.\n", prog, cmd);
@@ -847,6 +1030,427 @@ cmd_peers(struct opts *o, int argc, char **argv)
 	return 0;
 }
 
+/* Print the result: JSON with --json, else @p render (or the generic object view). */
+static void
+show(const struct opts *o, json_t *res, const char *const *order)
+{
+	if (o->json || !json_is_object(res))
+		print_json(res);
+	else
+		print_object(res, order, 0);
+}
+
+/* Run a method with @p params (stolen) and show its result. */
+static int
+simple_call(struct opts *o, const char *method, json_t *params, const char *const *order)
+{
+	json_t *res;
+	int r = rpc_call(o, method, params, &res);
+
+	if (r != 0)
+		return r;
+	show(o, res, order);
+	json_decref(res);
+	return 0;
+}
+
+static const char *const cols_transfers[] = {
+	"id",    "client", "user_id", "peer", "phase", "age_ms", "deadline_in_ms",
+	"bytes", "nseg",   "status",  NULL,
+};
+
+static int
+cmd_transfers(struct opts *o, int argc, char **argv)
+{
+	struct cmd_opts co = { 0 };
+	json_t *res;
+	int r = parse_cmd_opts("transfers", argc, argv, o, &co);
+
+	if (r >= 0)
+		return r;
+	if (optind != argc)
+		return usage_error("transfers: unexpected argument '%s'", argv[optind]);
+	r = rpc_call(o, "transfers",
+		     co.limit ? json_pack("{s:I}", "limit", (json_int_t)co.limit) : json_object(),
+		     &res);
+	if (r != 0)
+		return r;
+	json_t *rows = json_object_get(res, "transfers");
+
+	if (o->json || !is_table(rows)) {
+		print_json(res);
+	} else {
+		print_table(rows, cols_transfers, 0);
+		printf("\n%" JSON_INTEGER_FORMAT " in flight%s\n",
+		       json_integer_value(json_object_get(res, "count")),
+		       json_is_true(json_object_get(res, "truncated")) ? " (list truncated)" : "");
+	}
+	json_decref(res);
+	return 0;
+}
+
+static const char *const cols_slowest[] = {
+	"tag",        "client",          "user_id",     "peer",
+	"status",     "bytes",           "total_us",    "queue_us",
+	"admit_us",   "first_byte_us",   "send_us",     "wire_us",
+	"deliver_us", "deadline_missed", "ended_s_ago", NULL,
+};
+
+static int
+cmd_slowest(struct opts *o, int argc, char **argv)
+{
+	struct cmd_opts co = { 0 };
+	json_t *res;
+	int r = parse_cmd_opts("slowest", argc, argv, o, &co);
+
+	if (r >= 0)
+		return r;
+	if (optind != argc)
+		return usage_error("slowest: unexpected argument '%s'", argv[optind]);
+	r = rpc_call(o, "slowest",
+		     co.limit ? json_pack("{s:I}", "limit", (json_int_t)co.limit) : json_object(),
+		     &res);
+	if (r != 0)
+		return r;
+	json_t *rows = json_object_get(res, "transfers");
+
+	if (o->json || !is_table(rows)) {
+		print_json(res);
+	} else {
+		/* One line per transfer: the phases become columns. */
+		json_t *flat = json_array(), *row;
+		size_t i;
+
+		json_array_foreach(rows, i, row)
+		{
+			json_t *f = json_deep_copy(row);
+
+			json_object_update(f, json_object_get(row, "phases"));
+			json_object_del(f, "phases");
+			json_object_del(f, "nseg");
+			json_array_append_new(flat, f);
+		}
+		print_table(flat, cols_slowest, 0);
+		printf("\nwindow %" JSON_INTEGER_FORMAT " s%s\n",
+		       json_integer_value(json_object_get(res, "window_s")),
+		       json_is_false(json_object_get(res, "enabled")) ? ", stats.enabled is false" :
+									"");
+		json_decref(flat);
+	}
+	json_decref(res);
+	return 0;
+}
+
+/* A non-negative decimal integer argument. */
+static bool
+parse_id(const char *s, json_int_t max, json_int_t *out)
+{
+	char *end;
+
+	errno = 0;
+	unsigned long long v = strtoull(s, &end, 10);
+
+	if (errno || end == s || *end || s[0] == '-' || v > (unsigned long long)max)
+		return false;
+	*out = (json_int_t)v;
+	return true;
+}
+
+static int
+cmd_cancel(struct opts *o, int argc, char **argv)
+{
+	struct cmd_opts co = { 0 };
+	json_int_t client, user_id;
+	int r = parse_cmd_opts("cancel", argc, argv, o, &co);
+
+	if (r >= 0)
+		return r;
+	if (argc - optind != 2)
+		return usage_error("cancel: expected CLIENT USER_ID");
+	if (!parse_id(argv[optind], UINT32_MAX, &client))
+		return usage_error("cancel: bad CLIENT '%s'", argv[optind]);
+	if (!parse_id(argv[optind + 1], INT64_MAX, &user_id))
+		return usage_error("cancel: bad USER_ID '%s'", argv[optind + 1]);
+	return simple_call(o, "cancel",
+			   json_pack("{s:I, s:I}", "client", client, "user_id", user_id), NULL);
+}
+
+static const char *const order_drain[] = {
+	"draining", "since_s", "inflight", "refused", "idle", NULL,
+};
+
+static int
+cmd_drain(struct opts *o, int argc, char **argv)
+{
+	struct cmd_opts co = { 0 };
+	json_t *res;
+	int r = parse_cmd_opts("drain", argc, argv, o, &co);
+
+	if (r >= 0)
+		return r;
+	if (optind != argc)
+		return usage_error("drain: unexpected argument '%s'", argv[optind]);
+	double deadline = now_s() + co.wait_s;
+
+	for (;;) {
+		r = rpc_call(o, "drain", json_object(), &res);
+		if (r != 0)
+			return r;
+		if (co.no_wait || json_is_true(json_object_get(res, "idle")) || now_s() >= deadline)
+			break;
+		json_decref(res);
+		poll(NULL, 0, 100);
+	}
+	bool idle = json_is_true(json_object_get(res, "idle"));
+
+	show(o, res, order_drain);
+	json_decref(res);
+	if (!co.no_wait && !idle) {
+		fprintf(stderr, "%s: drain: transfers still in flight after %.0f s\n", prog,
+			co.wait_s);
+		return EXIT_CONN;
+	}
+	return 0;
+}
+
+static int
+cmd_undrain(struct opts *o, int argc, char **argv)
+{
+	struct cmd_opts co = { 0 };
+	int r = parse_cmd_opts("undrain", argc, argv, o, &co);
+
+	if (r >= 0)
+		return r;
+	if (optind != argc)
+		return usage_error("undrain: unexpected argument '%s'", argv[optind]);
+	return simple_call(o, "undrain", json_object(), order_drain);
+}
+
+static const char *const cols_config[] = { "key", "value", "runtime", NULL };
+static const char *const order_config_key[] = { "key", "value", "runtime",  "min",
+						"max", "fixed", "previous", NULL };
+
+static int
+cmd_config_get(struct opts *o, int argc, char **argv)
+{
+	struct cmd_opts co = { 0 };
+	json_t *res;
+	int r = parse_cmd_opts("config_get", argc, argv, o, &co);
+
+	if (r >= 0)
+		return r;
+	if (argc - optind > 1)
+		return usage_error("config_get: expected at most one KEY");
+	if (argc - optind == 1)
+		return simple_call(o, "config_get", json_pack("{s:s}", "key", argv[optind]),
+				   order_config_key);
+	r = rpc_call(o, "config_get", json_object(), &res);
+	if (r != 0)
+		return r;
+	json_t *rows = json_object_get(res, "config");
+
+	if (o->json || !is_table(rows))
+		print_json(res);
+	else
+		print_table(rows, cols_config, 0);
+	json_decref(res);
+	return 0;
+}
+
+static int
+cmd_config_set(struct opts *o, int argc, char **argv)
+{
+	struct cmd_opts co = { 0 };
+	int r = parse_cmd_opts("config_set", argc, argv, o, &co);
+
+	if (r >= 0)
+		return r;
+	if (argc - optind != 2)
+		return usage_error("config_set: expected KEY VALUE");
+	/* The daemon parses the text with the key's own rules (integer, boolean, name). */
+	return simple_call(o, "config_set",
+			   json_pack("{s:s, s:s}", "key", argv[optind], "value", argv[optind + 1]),
+			   order_config_key);
+}
+
+static int
+cmd_log_level(struct opts *o, int argc, char **argv)
+{
+	struct cmd_opts co = { 0 };
+	int r = parse_cmd_opts("log_level", argc, argv, o, &co);
+
+	if (r >= 0)
+		return r;
+	if (argc - optind > 1)
+		return usage_error("log_level: expected at most one LEVEL");
+	return simple_call(o, "log_level",
+			   argc - optind == 1 ? json_pack("{s:s}", "level", argv[optind]) :
+						json_object(),
+			   NULL);
+}
+
+static int
+cmd_doctor(struct opts *o, int argc, char **argv)
+{
+	struct cmd_opts co = { 0 };
+	json_t *res, *c;
+	size_t i;
+	int r = parse_cmd_opts("doctor", argc, argv, o, &co);
+
+	if (r >= 0)
+		return r;
+	if (optind != argc)
+		return usage_error("doctor: unexpected argument '%s'", argv[optind]);
+	r = rpc_call(o, "doctor", json_object(), &res);
+	if (r != 0)
+		return r;
+	json_t *checks = json_object_get(res, "checks");
+
+	if (o->json || !json_is_array(checks)) {
+		print_json(res);
+		json_decref(res);
+		return 0;
+	}
+	/* Checks first, as sentences; the facts behind them follow. */
+	json_array_foreach(checks, i, c)
+	{
+		const char *res_s = json_string_value(json_object_get(c, "result"));
+
+		printf("[%-7s] %s: %s\n", res_s ? res_s : "?",
+		       json_string_value(json_object_get(c, "check")),
+		       json_string_value(json_object_get(c, "detail")));
+	}
+	json_t *rest = json_deep_copy(res);
+
+	json_object_del(rest, "checks");
+	printf("\n");
+	print_object(rest, NULL, 0);
+	json_decref(rest);
+	json_decref(res);
+	return 0;
+}
+
+/* ---- watch ---- */
+
+struct peer_sample {
+	char node_id[64];
+	double tx, rx, txx, rxx; /* bytes, transfers */
+};
+
+static double
+num(json_t *o, const char *key)
+{
+	json_t *v = json_object_get(o, key);
+
+	return json_is_number(v) ? json_number_value(v) : 0;
+}
+
+static void
+human_bytes(double b, char *buf, size_t len)
+{
+	static const char *const u[] = { "B", "KiB", "MiB", "GiB", "TiB", "PiB" };
+	unsigned i = 0;
+
+	while (b >= 1024 && i + 1 < sizeof(u) / sizeof(u[0])) {
+		b /= 1024;
+		i++;
+	}
+	snprintf(buf, len, i ? "%.1f %s" : "%.0f %s", b, u[i]);
+}
+
+static int
+cmd_watch(struct opts *o, int argc, char **argv)
+{
+	struct cmd_opts co = { 0 };
+	struct peer_sample prev[64];
+	size_t nprev = 0;
+	double prev_up = -1, prev_done = 0;
+	bool tty = isatty(STDOUT_FILENO);
+	int r = parse_cmd_opts("watch", argc, argv, o, &co);
+
+	if (r >= 0)
+		return r;
+	if (optind != argc)
+		return usage_error("watch: unexpected argument '%s'", argv[optind]);
+	for (long k = 0; co.count == 0 || k < co.count; k++) {
+		json_t *st, *stat;
+
+		if (k > 0)
+			poll(NULL, 0, (int)(co.interval * 1000));
+		r = rpc_call(o, "status", json_object(), &st);
+		if (r != 0)
+			return r;
+		r = rpc_call(o, "stats", json_object(), &stat);
+		if (r != 0) {
+			json_decref(st);
+			return r;
+		}
+		json_t *tot = json_object_get(stat, "totals"),
+		       *stage = json_object_get(stat, "staging");
+		double up = num(stat, "uptime_s"), dt = prev_up >= 0 ? up - prev_up : 0;
+		double done = num(tot, "xfers_done");
+		char b1[32], b2[32];
+
+		if (tty)
+			printf("\033[H\033[2J");
+		else if (k > 0)
+			printf("\n");
+		printf("%s  node %s  transport %s  up %.0f s%s\n", prog,
+		       json_string_value(json_object_get(st, "node_id")),
+		       json_string_value(json_object_get(st, "transport")), up,
+		       json_is_true(json_object_get(st, "draining")) ? "  DRAINING" : "");
+		printf("inflight %.0f/%.0f  staging %.0f/%.0f buffers (high %.0f)  clients %.0f  "
+		       "done %.0f",
+		       num(tot, "inflight"), num(tot, "inflight_max"), num(stage, "in_use"),
+		       num(stage, "buffers"), num(stage, "high_water"), num(st, "clients"), done);
+		if (dt > 0)
+			printf(" (%.0f/s)", (done - prev_done) / dt);
+		printf("\n%-16s %-10s %10s %10s %8s %8s %11s %11s\n", "PEER", "STATE", "TX Gbit/s",
+		       "RX Gbit/s", "TX x/s", "RX x/s", "TX TOTAL", "RX TOTAL");
+
+		struct peer_sample cur[64];
+		size_t ncur = 0, i;
+		json_t *p;
+
+		json_array_foreach(json_object_get(stat, "peers"), i, p)
+		{
+			if (ncur == 64)
+				break;
+			struct peer_sample *c = &cur[ncur++], *old = NULL;
+
+			snprintf(c->node_id, sizeof(c->node_id), "%s",
+				 json_string_value(json_object_get(p, "node_id")));
+			c->tx = num(p, "tx_bytes");
+			c->rx = num(p, "rx_bytes");
+			c->txx = num(p, "tx_xfers");
+			c->rxx = num(p, "rx_xfers");
+			for (size_t j = 0; j < nprev; j++)
+				if (strcmp(prev[j].node_id, c->node_id) == 0)
+					old = &prev[j];
+			human_bytes(c->tx, b1, sizeof(b1));
+			human_bytes(c->rx, b2, sizeof(b2));
+			printf("%-16s %-10s ", c->node_id,
+			       json_string_value(json_object_get(p, "state")));
+			if (old && dt > 0)
+				printf("%10.3f %10.3f %8.0f %8.0f",
+				       (c->tx - old->tx) * 8 / dt / 1e9,
+				       (c->rx - old->rx) * 8 / dt / 1e9, (c->txx - old->txx) / dt,
+				       (c->rxx - old->rxx) / dt);
+			else
+				printf("%10s %10s %8s %8s", "-", "-", "-", "-");
+			printf(" %11s %11s\n", b1, b2);
+		}
+		memcpy(prev, cur, sizeof(cur[0]) * ncur);
+		nprev = ncur;
+		prev_up = up;
+		prev_done = done;
+		fflush(stdout);
+		json_decref(st);
+		json_decref(stat);
+	}
+	return 0;
+}
+
 static int
 cmd_call(struct opts *o, int argc, char **argv)
 {
@@ -881,8 +1485,22 @@ struct command {
 };
 
 static const struct command commands[] = {
-	{ "status", cmd_status }, { "stats", cmd_stats }, { "peers", cmd_peers },
-	{ "call", cmd_call },     { NULL, NULL },
+	{ "status", cmd_status },
+	{ "stats", cmd_stats },
+	{ "peers", cmd_peers },
+	{ "transfers", cmd_transfers },
+	{ "slowest", cmd_slowest },
+	{ "cancel", cmd_cancel },
+	{ "drain", cmd_drain },
+	{ "undrain", cmd_undrain },
+	{ "resume", cmd_undrain },
+	{ "config_get", cmd_config_get },
+	{ "config_set", cmd_config_set },
+	{ "log_level", cmd_log_level },
+	{ "doctor", cmd_doctor },
+	{ "watch", cmd_watch },
+	{ "call", cmd_call },
+	{ NULL, NULL },
 };
 
 int

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
+# Copy kvproxy's binaries and every shared library they need beyond glibc
+# (DPDK, liburing, libconfig, jansson, verbs, OpenSSL; DPDK's mempool ring
+# driver too) into DEST, for a host that has none of those packages (the
+# binaries are built for baseline x86-64). The build-tree layout is kept, so
+# the $ORIGIN rpaths still find libkvproxy. On the target:
+#   export LD_LIBRARY_PATH=DEST/libs KVP_EAL_EXTRA="-d DEST/libs/librte_mempool_ring.so.23"
+#   DEST/build/app/kvproxyd -l 0,1 --no-huge --no-shconf $KVP_EAL_EXTRA -- -c CONF
+set -euo pipefail
+[[ $# -ge 1 ]] || { echo "usage: $0 DEST [BUILD_DIR]" >&2; exit 2; }
+DEST=$1
+B=$(cd "${2:-$(dirname "$0")/../build}" && pwd)
+BINS=(app/kvproxyd tools/kvproxyctl/kvproxyctl tools/bench/kvproxy-bench lib/client/libkvproxy.so)
+[[ -x $B/tests/gpu/gpu_client ]] && BINS+=(tests/gpu/gpu_client)
+mkdir -p "$DEST/libs"
+for f in "${BINS[@]}"; do
+	mkdir -p "$DEST/build/$(dirname "$f")"
+	cp "$B/$f" "$DEST/build/$f"
+done
+ring=$(find /usr/lib/x86_64-linux-gnu/dpdk -name 'librte_mempool_ring.so.*' -type f | head -n 1)
+{
+	for f in "${BINS[@]}"; do ldd "$B/$f"; done
+	[[ -z $ring ]] || ldd "$ring"
+} | awk '$3 ~ /^\// { print $3 }' | sort -u |
+	grep -vE '/(libc|libm|libdl|libpthread|librt|ld-linux-x86-64)\.so' | grep -v "^$B" |
+	while read -r lib; do cp -L "$lib" "$DEST/libs/"; done
+[[ -z $ring ]] || cp -L "$ring" "$DEST/libs/librte_mempool_ring.so.23"
+echo "bundle in $DEST: $(find "$DEST" -type f | wc -l) files, $(du -sh "$DEST" | cut -f1)"
