@@ -12,6 +12,7 @@ require_netns
 require_bins
 command -v nft >/dev/null || skip "nft (nftables) is not installed"
 init_test
+KVP_PEER_MS=5000 # loss makes TCP back off; that is slowness, not death
 start_pair 31 'auth = { secret = "impaired-link-secret"; };'
 
 # verified_transfer SIZE SEED: decode + prefill, both must succeed.

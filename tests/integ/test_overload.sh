@@ -22,6 +22,7 @@ init_test
 memcg_create "$CAP"
 netns_pair 51
 KVP_TIMEOUTS_EXTRA="admission_ms = 300;"
+KVP_PEER_MS=5000 # a throttled, saturated link is slow, not dead
 STAGE='stage = { host = true; pool = 8388608; buffer = 1048576; };'
 write_conf prefill0 "$ADDR_P:7400" decode0 "$ADDR_D:7400" "$STAGE"
 write_conf decode0 "$ADDR_D:7400" prefill0 "$ADDR_P:7400" "$STAGE"
