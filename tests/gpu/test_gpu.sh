@@ -20,29 +20,6 @@ rc=0
 require_bins
 init_test
 
-ports() {
-	python3 -c '
-import socket
-ss = [socket.socket() for _ in range(2)]
-for s in ss:
-    s.bind(("127.0.0.1", 0))
-print(*[s.getsockname()[1] for s in ss])'
-}
-
-# pair STAGE_CONF: (re)start both daemons with this staging section.
-pair() {
-	local pp pd
-	read -r pp pd < <(ports)
-	write_conf prefill0 "127.0.0.1:$pp" decode0 "127.0.0.1:$pd" "$1"
-	write_conf decode0 "127.0.0.1:$pd" prefill0 "127.0.0.1:$pp" "$1"
-	start_daemon prefill0 ""
-	start_daemon decode0 ""
-	wait_admin prefill0
-	wait_admin decode0
-	wait_peer_up prefill0 decode0
-	wait_peer_up decode0 prefill0
-}
-
 # gpu_xfer TAG SIZE SEED PAGE PER_XFER [prefill args...]: decode + prefill, both on GPU memory.
 gpu_xfer() {
 	local tag=$1 size=$2 seed=$3 page=$4 per=$5
@@ -59,7 +36,7 @@ gpu_xfer() {
 	grep -q " 0 mismatches" "$KVP_TMP/dec.$tag" || fail "$tag: GPU data mismatch"
 }
 
-pair 'stage = { pool = 67108864; buffer = 1048576; };'
+loopback_pair 'stage = { pool = 67108864; buffer = 1048576; };'
 gpu_xfer ipc-pages 268435456 11 65536 256
 DEC_VMM=1 gpu_xfer vmm-blocks 268435456 12 8388608 4 --vmm
 gpu_xfer ipc-odd 50331648 13 4096 1024 --vmm
@@ -79,7 +56,7 @@ stop_daemon_checked prefill0
 stop_daemon_checked decode0
 
 # Pool far smaller than the data in flight: slower, never failing.
-pair 'stage = { pool = 4194304; buffer = 1048576; };'
+loopback_pair 'stage = { pool = 4194304; buffer = 1048576; };'
 gpu_xfer small-pool 134217728 14 65536 256 --inflight 16 --timeout-ms 60000
 for n in prefill0 decode0; do
 	wait_json "$n" stats "d['staging']['in_use'] == 0" 30 "$n staging pool whole again"
@@ -89,7 +66,7 @@ stop_daemon_checked decode0
 
 # Tiny pool, short admission time: transfers fail with no-buffers, cleanly.
 KVP_TIMEOUTS_EXTRA="admission_ms = 50;"
-pair 'stage = { pool = 262144; buffer = 65536; };'
+loopback_pair 'stage = { pool = 262144; buffer = 65536; };'
 spawn "" "$KVP_TMP/dec.tiny" - "$GPU_CLIENT" decode -s "$(sock_of decode0)" \
 	-k "$KVP_TMP/key.tiny" -n 268435456 --timeout 30
 DEC=$SPAWNED

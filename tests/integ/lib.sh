@@ -303,6 +303,29 @@ start_pair() {
 	wait_peer_up decode0 prefill0
 }
 
+# loopback_pair [EXTRA]: both daemons on this host (no namespaces: the GPU
+# host has no iproute2), on two free loopback ports, peers up. Another
+# process could take a port before kvproxyd binds it; that shows up as a
+# daemon that fails to start, not as a wrong pass.
+loopback_pair() {
+	local pp pd
+	read -r pp pd < <(python3 -c '
+import socket
+ss = [socket.socket() for _ in range(2)]
+for s in ss:
+    s.bind(("127.0.0.1", 0))
+print(*[s.getsockname()[1] for s in ss])')
+	log "loopback ports prefill0 $pp, decode0 $pd"
+	write_conf prefill0 "127.0.0.1:$pp" decode0 "127.0.0.1:$pd" "${1:-}"
+	write_conf decode0 "127.0.0.1:$pd" prefill0 "127.0.0.1:$pp" "${1:-}"
+	start_daemon prefill0 ""
+	start_daemon decode0 ""
+	wait_admin prefill0
+	wait_admin decode0
+	wait_peer_up prefill0 decode0
+	wait_peer_up decode0 prefill0
+}
+
 # stop_daemon_checked NODE_ID: TERM, and assert a clean exit (status 0, no
 # sanitizer report in its log).
 stop_daemon_checked() {

@@ -14,25 +14,7 @@ require_root "the integ suite runs kvproxyd as root"
 require_bins
 init_test
 
-# Two free loopback ports. Another process could take one before kvproxyd
-# binds it; that shows up as a daemon that fails to start, not a wrong pass.
-read -r PORT_P PORT_D < <(python3 -c '
-import socket
-ss = [socket.socket() for _ in range(2)]
-for s in ss:
-    s.bind(("127.0.0.1", 0))
-print(*[s.getsockname()[1] for s in ss])
-')
-log "ports prefill0 $PORT_P, decode0 $PORT_D"
-
-write_conf prefill0 "127.0.0.1:$PORT_P" decode0 "127.0.0.1:$PORT_D"
-write_conf decode0 "127.0.0.1:$PORT_D" prefill0 "127.0.0.1:$PORT_P"
-start_daemon prefill0 ""
-start_daemon decode0 ""
-wait_admin prefill0
-wait_admin decode0
-wait_peer_up prefill0 decode0
-wait_peer_up decode0 prefill0
+loopback_pair
 
 # Each daemon reports its own identity through its own admin socket.
 ctl prefill0 --json status >"$KVP_TMP/p.status"

@@ -21,32 +21,12 @@ KVP_TEST=bench_gpu
 require_bins
 init_test
 
-ports() {
-	python3 -c '
-import socket
-ss = [socket.socket() for _ in range(2)]
-for s in ss: s.bind(("127.0.0.1", 0))
-print(*[s.getsockname()[1] for s in ss])'
-}
-pair() {
-	local pp pd
-	read -r pp pd < <(ports)
-	write_conf prefill0 "127.0.0.1:$pp" decode0 "127.0.0.1:$pd" "$1"
-	write_conf decode0 "127.0.0.1:$pd" prefill0 "127.0.0.1:$pp" "$1"
-	start_daemon prefill0 ""
-	start_daemon decode0 ""
-	wait_admin prefill0
-	wait_admin decode0
-	wait_peer_up prefill0 decode0
-	wait_peer_up decode0 prefill0
-}
-
 "$GPU_CLIENT" copybench
 G=1073741824
 for stage in 'stage = { pool = 67108864; buffer = 1048576; };' \
 	'stage = { pool = 134217728; buffer = 4194304; };'; do
 	echo "== $stage"
-	pair "$stage"
+	loopback_pair "$stage"
 	for seg in 4194304 65536; do
 		per=$((seg >= 1048576 ? 64 : 1024))
 		spawn "" "$KVP_TMP/d" - "$KVPROXY_BENCH" decode -s "$(sock_of decode0)" --size $G \
