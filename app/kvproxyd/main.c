@@ -225,6 +225,21 @@ main(int argc, char **argv)
 		r->numa_node = rails[i].numa_node;
 		snprintf(r->pci, sizeof(r->pci), "%.31s", rails[i].pci);
 	}
+	node.cuda_driver = kvp_cuda_driver_version();
+	node.ngpus = ngpu;
+	for (int i = 0; i < ngpu && i < KVP_GPUS_MAX; i++) {
+		struct kvp_cuda_dev g;
+		struct kvp_gpu_info *gi = &node.gpus[i];
+
+		if (kvp_cuda_device(i, &g) < 0)
+			continue;
+		gi->ordinal = i;
+		snprintf(gi->name, sizeof(gi->name), "%s", g.name);
+		snprintf(gi->pci, sizeof(gi->pci), "%s", g.pci);
+		gi->dmabuf = g.dmabuf;
+		gi->gpudirect_rdma = g.gpudirect_rdma;
+		gi->total_mem = g.total_mem;
+	}
 	unsigned lcore = rte_get_next_lcore(-1, 1, 0);
 	node.workers[0].lcore = lcore;
 	/* Say at start what doctor would: transport, and lcores not local to the NICs. */

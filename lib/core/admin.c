@@ -5,7 +5,9 @@
  * and the connection stays usable, except a line longer than
  * KVP_ADMIN_LINEMAX, which closes it (nothing sane follows it).
  */
+#include <ctype.h>
 #include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -721,6 +723,75 @@ netdev_json(const char *role, const char *addr, const char *ifname, int rc,
 			 "numa_node", d->numa_node, "local_cpus", d->cpulist);
 }
 
+/* Two PCI devices share a PCIe switch when their sysfs paths share the parent bridge. */
+static bool
+same_switch(const char *pci_a, const char *pci_b)
+{
+	char a[512], b[512], pa[256], pb[256];
+
+	snprintf(pa, sizeof(pa), "/sys/bus/pci/devices/%s", pci_a);
+	snprintf(pb, sizeof(pb), "/sys/bus/pci/devices/%s", pci_b);
+	if (!realpath(pa, a) || !realpath(pb, b))
+		return false;
+	/* Drop the device and its own port: what remains is the switch above both. */
+	for (int k = 0; k < 2; k++) {
+		char *sa = strrchr(a, '/'), *sb = strrchr(b, '/');
+
+		if (!sa || !sb)
+			return false;
+		*sa = '\0';
+		*sb = '\0';
+	}
+	return strcmp(a, b) == 0 && strcmp(a, "/sys/devices") != 0;
+}
+
+/*
+ * GPUs: driver, dma-buf and GPUDirect support, PCIe location, local CPUs,
+ * rails behind the same switch, and the path each peer's GPU data takes.
+ */
+static json_t *
+gpus_json(const struct kvp_node *n, json_t *checks)
+{
+	json_t *arr = json_array();
+	char what[64], bus[32];
+
+	if (n->ngpus <= 0) {
+		check(checks, true, "gpu", "GPU regions refused: %s", kvp_gpu_unavailable);
+		return arr;
+	}
+	for (int i = 0; i < n->ngpus && i < KVP_GPUS_MAX; i++) {
+		const struct kvp_gpu_info *g = &n->gpus[i];
+		struct kvp_topo_dev d;
+		json_t *pix = json_array();
+
+		/* The driver prints 00000000:19:00.0; sysfs names it 0000:19:00.0. */
+		snprintf(bus, sizeof(bus), "%s", strlen(g->pci) > 12 ? g->pci + strlen(g->pci) - 12
+								     : g->pci);
+		for (char *c = bus; *c; c++)
+			*c = (char)tolower((unsigned char)*c);
+		memset(&d, 0, sizeof(d));
+		d.numa_node = -1;
+		kvp_topo_pcidev(bus, &d);
+		for (unsigned r = 0; r < n->nrails && r < KVP_RAILS_MAX; r++)
+			if (n->rails[r].pci[0] && same_switch(bus, n->rails[r].pci))
+				json_array_append_new(pix, json_string(n->rails[r].dev));
+		snprintf(what, sizeof(what), "gpu %d", i);
+		placement(n, checks, what, &d);
+		check(checks, true, what,
+		      "%s at %s (CUDA driver %d): GPU data of every peer is staged through the pinned pool over "
+		      "tcp (%s); GPUDirect needs the RDMA transport (dma-buf %s, GPUDirect RDMA %s)",
+		      g->name, bus, n->cuda_driver, n->tops->name, g->dmabuf ? "supported" : "unsupported",
+		      g->gpudirect_rdma ? "supported" : "unsupported");
+		json_array_append_new(
+			arr, json_pack("{s:i, s:s, s:s, s:i, s:b, s:b, s:I, s:s, s:o, s:s}", "ordinal",
+				       i, "name", g->name, "pci", bus, "numa_node", d.numa_node,
+				       "dmabuf", g->dmabuf, "gpudirect_rdma", g->gpudirect_rdma,
+				       "memory_bytes", (json_int_t)g->total_mem, "local_cpus",
+				       d.cpulist, "pix_rails", pix, "path", "staging"));
+	}
+	return arr;
+}
+
 static json_t *
 doctor_json(struct kvp_node *n)
 {
@@ -780,12 +851,8 @@ doctor_json(struct kvp_node *n)
 							 rte_lcore_to_cpu_id((int)lc), "numa_node",
 							 (int)rte_lcore_to_socket_id(lc)));
 	}
-	const char *gpus = access("/proc/driver/nvidia/version", F_OK) == 0
-				   ? "NVIDIA driver present; GPU regions are not supported by this "
-				     "build yet"
-				   : "none (no CUDA driver)";
-	check(checks, true, "gpu", "%s", gpus);
-	return json_pack("{s:s, s:s, s:s, s:i, s:s, s:o, s:o, s:o, s:s, s:o}", "transport",
+	json_t *gpus = gpus_json(n, checks);
+	return json_pack("{s:s, s:s, s:s, s:i, s:s, s:o, s:o, s:o, s:o, s:o}", "transport",
 			 n->tops->name, "transport_why", n->transport_why, "configured",
 			 n->cfg.transport == KVP_TRANSPORT_RDMA ? "rdma"
 			 : n->cfg.transport == KVP_TRANSPORT_AUTO ? "auto"

@@ -864,6 +864,18 @@ struct kvp_rail_info {
 
 #define KVP_RAILS_MAX 16
 
+#define KVP_GPUS_MAX 16
+
+/** A GPU as the CUDA driver describes it (filled at start, for doctor). */
+struct kvp_gpu_info {
+	int ordinal;
+	char name[96];
+	char pci[32];
+	int dmabuf;	    /**< dma-buf export supported */
+	int gpudirect_rdma; /**< GPUDirect RDMA supported */
+	uint64_t total_mem;
+};
+
 struct kvp_node {
 	struct kvp_config cfg;
 	uint64_t start_ns;
@@ -901,6 +913,9 @@ struct kvp_node {
 	char rdma_why[160];	 /**< the probe's reason when it found nothing */
 	unsigned nrails;
 	struct kvp_rail_info rails[KVP_RAILS_MAX];
+	int cuda_driver;	 /**< CUDA driver version, 0 if none */
+	int ngpus;		 /**< GPUs found, or -errno (kvp_gpu_unavailable says why) */
+	struct kvp_gpu_info gpus[KVP_GPUS_MAX];
 };
 
 /** Size of the Prometheus text buffer (stats file, admin "stats" with format prometheus). */
