@@ -431,8 +431,8 @@ kvp_region_register(struct kvp_client *c, int fd, uint64_t fd_offset, uint64_t l
 }
 
 static int
-register_gpu(struct kvp_client *c, int fd, const void *ipc, uint64_t len, int device,
-	     uint32_t flags, uint64_t *key)
+register_gpu(struct kvp_client *c, int fd, const void *ipc, uint64_t offset, uint64_t len,
+	     int device, uint32_t flags, uint64_t *key)
 {
 	struct kvp_ctrl_req req;
 	struct kvp_ctrl_rep rep;
@@ -443,6 +443,7 @@ register_gpu(struct kvp_client *c, int fd, const void *ipc, uint64_t len, int de
 		return -EINVAL;
 	}
 	ctrl_init(&req, KVP_CTRL_REG);
+	req.u.reg.fd_offset = offset;
 	req.u.reg.len = len;
 	req.u.reg.flags = flags;
 	req.u.reg.device = device;
@@ -456,14 +457,14 @@ register_gpu(struct kvp_client *c, int fd, const void *ipc, uint64_t len, int de
 }
 
 int
-kvp_region_register_cuda_ipc(struct kvp_client *c, const void *ipc_handle, uint64_t len,
-			     int device, uint64_t *key)
+kvp_region_register_cuda_ipc(struct kvp_client *c, const void *ipc_handle, uint64_t offset,
+			     uint64_t len, int device, uint64_t *key)
 {
 	if (ipc_handle == NULL) {
 		set_error(c, "no IPC handle");
 		return -EINVAL;
 	}
-	return register_gpu(c, -1, ipc_handle, len, device, KVP_REGION_CUDA_IPC, key);
+	return register_gpu(c, -1, ipc_handle, offset, len, device, KVP_REGION_CUDA_IPC, key);
 }
 
 int
@@ -474,7 +475,7 @@ kvp_region_register_cuda_fd(struct kvp_client *c, int fd, uint64_t len, int devi
 		set_error(c, "invalid fd");
 		return -EINVAL;
 	}
-	return register_gpu(c, fd, NULL, len, device, KVP_REGION_CUDA_VMM, key);
+	return register_gpu(c, fd, NULL, 0, len, device, KVP_REGION_CUDA_VMM, key);
 }
 
 int

@@ -84,13 +84,14 @@ int kvp_region_register(struct kvp_client *c, int fd, uint64_t fd_offset, uint64
  * handle (cuIpcGetMemHandle: 64 opaque bytes); the daemon opens it once.
  * The allocation must stay alive until the region is deregistered.
  *
+ * @param offset  where the region starts inside the allocation the handle names
  * @param device  CUDA device ordinal of the allocation
  * @return 0; -ENODEV (daemon has no CUDA driver or GPU: see kvp_last_error());
  *   -EINVAL (handle cannot be opened, or len larger than the allocation);
  *   -ENOSPC; -EPIPE
  */
-int kvp_region_register_cuda_ipc(struct kvp_client *c, const void *ipc_handle, uint64_t len,
-				 int device, uint64_t *key);
+int kvp_region_register_cuda_ipc(struct kvp_client *c, const void *ipc_handle, uint64_t offset,
+				 uint64_t len, int device, uint64_t *key);
 
 /**
  * Register a CUDA VMM allocation exported as a POSIX file descriptor

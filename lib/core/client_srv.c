@@ -159,8 +159,12 @@ reg_gpu(struct kvp_node *n, struct kvp_client_conn *c, const struct kvp_ctrl_req
 		rep_error(rep, -EINVAL, "empty region");
 		return;
 	}
-	rc = kvp_memops->import(kind, req->u.reg.device, fd, req->u.reg.ipc, req->u.reg.len, &dptr,
-				&cookie, why, sizeof(why));
+	if (kind == KVP_REGION_CUDA_VMM && req->u.reg.fd_offset != 0) {
+		rep_error(rep, -EINVAL, "a VMM region covers its whole allocation (offset must be 0)");
+		return;
+	}
+	rc = kvp_memops->import(kind, req->u.reg.device, fd, req->u.reg.ipc, req->u.reg.fd_offset,
+				req->u.reg.len, &dptr, &cookie, why, sizeof(why));
 	if (rc < 0) {
 		rep_error(rep, rc, "GPU %d: %s", req->u.reg.device, why);
 		return;

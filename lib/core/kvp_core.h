@@ -239,12 +239,13 @@ struct kvp_memops {
 	/** Called once for the whole staging pool at start (e.g. to pin it for DMA). */
 	int (*register_pool)(void *base, size_t len);
 	/**
-	 * Import a client's GPU allocation (KVP_REGION_CUDA_IPC: @p ipc;
-	 * KVP_REGION_CUDA_VMM: @p fd). NULL where GPU memory is unsupported.
+	 * Import a client's GPU allocation (KVP_REGION_CUDA_IPC: @p ipc, the
+	 * region starting @p offset bytes into it; KVP_REGION_CUDA_VMM: @p fd,
+	 * offset 0). NULL where GPU memory is unsupported.
 	 * @return 0 with *dptr and *cookie set; -ENODEV, -EINVAL with @p why
 	 */
-	int (*import)(uint32_t kind, int device, int fd, const uint8_t ipc[64], uint64_t len,
-		      uint64_t *dptr, void **cookie, char *why, size_t whylen);
+	int (*import)(uint32_t kind, int device, int fd, const uint8_t ipc[64], uint64_t offset,
+		      uint64_t len, uint64_t *dptr, void **cookie, char *why, size_t whylen);
 	/** Undo import(). */
 	void (*release)(void *cookie);
 };

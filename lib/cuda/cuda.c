@@ -38,10 +38,11 @@ kvp_cuda_device(int ordinal, struct kvp_cuda_dev *out)
 }
 
 int
-kvp_cuda_import(uint32_t flags, int device, int fd, const uint8_t ipc[64], uint64_t len,
-		uint64_t *dptr, void **cookie, char *why, size_t whylen)
+kvp_cuda_import(uint32_t flags, int device, int fd, const uint8_t ipc[64], uint64_t offset,
+		uint64_t len, uint64_t *dptr, void **cookie, char *why, size_t whylen)
 {
-	(void)flags, (void)device, (void)fd, (void)ipc, (void)len, (void)dptr, (void)cookie;
+	(void)flags, (void)device, (void)fd, (void)ipc, (void)offset, (void)len, (void)dptr;
+	(void)cookie;
 	return kvp_cuda_init(why, whylen);
 }
 
@@ -236,8 +237,8 @@ gpu_register_pool(void *base, size_t len)
 	return 0;
 }
 
-static int gpu_import(uint32_t kind, int device, int fd, const uint8_t ipc[64], uint64_t len,
-		      uint64_t *dptr, void **cookie, char *why, size_t whylen);
+static int gpu_import(uint32_t kind, int device, int fd, const uint8_t ipc[64], uint64_t offset,
+		      uint64_t len, uint64_t *dptr, void **cookie, char *why, size_t whylen);
 
 static const struct kvp_memops cuda_memops = {
 	.to_host = gpu_to_host,
@@ -350,15 +351,15 @@ err_release:
 }
 
 static int
-gpu_import(uint32_t kind, int device, int fd, const uint8_t ipc[64], uint64_t len, uint64_t *dptr,
-	   void **cookie, char *why, size_t whylen)
+gpu_import(uint32_t kind, int device, int fd, const uint8_t ipc[64], uint64_t offset,
+	   uint64_t len, uint64_t *dptr, void **cookie, char *why, size_t whylen)
 {
-	return kvp_cuda_import(kind, device, fd, ipc, len, dptr, cookie, why, whylen);
+	return kvp_cuda_import(kind, device, fd, ipc, offset, len, dptr, cookie, why, whylen);
 }
 
 int
-kvp_cuda_import(uint32_t flags, int device, int fd, const uint8_t ipc[64], uint64_t len,
-		uint64_t *dptr, void **cookie, char *why, size_t whylen)
+kvp_cuda_import(uint32_t flags, int device, int fd, const uint8_t ipc[64], uint64_t offset,
+		uint64_t len, uint64_t *dptr, void **cookie, char *why, size_t whylen)
 {
 	struct import *im;
 	int rc = kvp_cuda_init(why, whylen);
@@ -389,9 +390,10 @@ kvp_cuda_import(uint32_t flags, int device, int fd, const uint8_t ipc[64], uint6
 		}
 		/* The handle names a whole allocation: the region must fit inside it. */
 		if (cu.cuMemGetAddressRange(&base, &size, im->base) != CUDA_SUCCESS ||
-		    im->base - base + len > size) {
-			snprintf(why, whylen, "region of %" PRIu64 " bytes exceeds the allocation (%zu)",
-				 len, size);
+		    offset > size || len > size - offset) {
+			snprintf(why, whylen,
+				 "region [%" PRIu64 ", +%" PRIu64 ") exceeds the allocation (%zu bytes)",
+				 offset, len, size);
 			cu.cuIpcCloseMemHandle(im->base);
 			free(im);
 			return -EINVAL;
@@ -404,7 +406,7 @@ kvp_cuda_import(uint32_t flags, int device, int fd, const uint8_t ipc[64], uint6
 		}
 	}
 	imported += len;
-	*dptr = im->base;
+	*dptr = im->base + (im->kind == KVP_REGION_CUDA_IPC ? offset : 0);
 	*cookie = im;
 	return 0;
 }

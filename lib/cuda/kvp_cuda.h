@@ -49,12 +49,13 @@ int kvp_cuda_device(int ordinal, struct kvp_cuda_dev *out);
  * Import a client's GPU allocation (main lcore).
  *
  * @param flags   KVP_REGION_CUDA_IPC (@p ipc used) or KVP_REGION_CUDA_VMM (@p fd used)
+ * @param offset  IPC: where the region starts inside the allocation
  * @param dptr    device address of the mapping
  * @param cookie  pass to kvp_cuda_release() when the region goes
  * @return 0; -ENODEV (no CUDA / bad device); -EINVAL (cannot import) with @p why
  */
-int kvp_cuda_import(uint32_t flags, int device, int fd, const uint8_t ipc[64], uint64_t len,
-		    uint64_t *dptr, void **cookie, char *why, size_t whylen);
+int kvp_cuda_import(uint32_t flags, int device, int fd, const uint8_t ipc[64], uint64_t offset,
+		    uint64_t len, uint64_t *dptr, void **cookie, char *why, size_t whylen);
 
 /** Undo kvp_cuda_import(). */
 void kvp_cuda_release(void *cookie);

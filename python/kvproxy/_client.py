@@ -382,6 +382,43 @@ class Client:
                 raise error_for(rc, "register", self._reason(ptr), cls=RegionError, detail=f"offset {offset} length {length}")
         return Region(self, key.value, offset, length, buffer)
 
+    def register_cuda(self, tensor_or_ptr: Any, length: Optional[int] = None, device: Optional[int] = None) -> Region:
+        """Register GPU memory: a CUDA tensor (anything with ``data_ptr()``,
+        e.g. a PyTorch tensor) or a raw device pointer.
+
+        The binding obtains the allocation's CUDA IPC handle itself through
+        the CUDA runtime (``cudaIpcGetMemHandle``), so callers never touch CUDA
+        APIs. The region starts at the pointer and spans ``length`` bytes
+        (default: the tensor's ``numel() * element_size()``). The memory must
+        stay allocated until the region is deregistered.
+
+        :raises RegionError: the daemon refused (no CUDA driver or GPU there,
+            handle not importable, region larger than the allocation), with
+            the daemon's reason.
+        :raises KvproxyError: the CUDA runtime could not be loaded or the
+            pointer is not device memory.
+        """
+        from . import _cuda
+
+        ptr, length, device = _cuda.describe(tensor_or_ptr, length, device)
+        handle, base = _cuda.ipc_handle(ptr, device)
+        # An IPC handle names a whole allocation; the region starts at the
+        # tensor, ``ptr - base`` bytes into it.
+        offset = ptr - base
+        key = ctypes.c_uint64()
+        buf = ctypes.create_string_buffer(bytes(handle), 64)
+        with self._ctrl_lock:
+            cptr = self._handle("register_cuda")
+            self._ctrl_gen += 1
+            try:
+                rc = self._lib.kvp_region_register_cuda_ipc(cptr, buf, offset, length, device, ctypes.byref(key))
+            finally:
+                self._ctrl_gen += 1
+            if rc < 0:
+                raise error_for(rc, "register_cuda", self._reason(cptr), cls=RegionError,
+                                detail=f"device {device} length {length}")
+        return Region(self, key.value, 0, length, None)
+
     def deregister(self, key: Union[int, Region]) -> None:
         """Deregister a region by key (or :class:`Region`); see :meth:`Region.deregister`.
 

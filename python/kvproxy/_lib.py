@@ -137,6 +137,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     fn("kvp_node_id", c_char_p, _c_client_p)
     fn("kvp_max_segments", u32, _c_client_p)
     fn("kvp_region_register", c_int, _c_client_p, c_int, u64, u64, u32, P(u64))
+    fn("kvp_region_register_cuda_ipc", c_int, _c_client_p, ctypes.c_void_p, u64, u64, c_int, P(u64))
     fn("kvp_region_deregister", c_int, _c_client_p, u64)
     fn("kvp_peer_lookup", c_int, _c_client_p, c_char_p, P(u16))
     fn("kvp_submit", c_int, _c_client_p, P(XferDesc_t), P(Segment_t), u32)

@@ -46,6 +46,8 @@ START_TIMEOUT = 60.0  # daemon start-up and peer link up
 XFER_TIMEOUT = 30.0  # one transfer's completions
 POLL = 0.05  # interval of the bounded polling loops
 EAL = ["-l", "0,1", "--no-huge", "--no-shconf", "-m", "256", "--log-level=lib.eal:error"]
+# e.g. "-d /path/librte_mempool_ring.so.23" where DPDK's plugin directory is absent
+EAL += os.environ.get("KVP_EAL_EXTRA", "").split()
 SANITIZER_MARKS = ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "runtime error:")
 
 

@@ -167,7 +167,7 @@ gpu_register(struct kvp_client *c, struct gpu_mem *m)
 		CUipcMemHandle h;
 
 		CK(cu.cuIpcGetMemHandle(&h, m->ptr));
-		rc = kvp_region_register_cuda_ipc(c, &h, m->len, 0, &key);
+		rc = kvp_region_register_cuda_ipc(c, &h, 0, m->len, 0, &key);
 	}
 	if (rc < 0) {
 		fprintf(stderr, "gpu_client: register GPU region: %s (%s)\n", strerror(-rc),
