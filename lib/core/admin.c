@@ -137,6 +137,22 @@ no_params(json_t *params)
 	return !params || (json_is_object(params) && json_object_size(params) == 0);
 }
 
+/* GPU memory this node has mapped for clients' regions (its GPU footprint beyond contexts). */
+static uint64_t
+gpu_region_bytes(const struct kvp_node *n)
+{
+	uint64_t sum = 0;
+
+	for (uint32_t i = 0; i < n->regions.size; i++) {
+		const struct kvp_region *r = &n->regions.slots[i];
+
+		if (atomic_load((_Atomic uint32_t *)&r->state) != KVP_REGION_FREE &&
+		    (r->flags & KVP_REGION_F_GPU))
+			sum += r->len;
+	}
+	return sum;
+}
+
 static json_t *
 m_status(struct kvp_node *n, json_t *params, struct rpc_err *e)
 {
@@ -145,13 +161,14 @@ m_status(struct kvp_node *n, json_t *params, struct rpc_err *e)
 	if (!no_params(params))
 		return fail_rpc(e, RPC_INVALID_PARAMS, "status takes no params");
 	gather(n, &t);
-	return json_pack("{s:s, s:s, s:i, s:f, s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:b, s:b}",
+	return json_pack("{s:s, s:s, s:i, s:f, s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:b, s:b, s:I, s:i}",
 			 "node_id", n->cfg.node_id, "version", KVP_VERSION, "pid", (int)getpid(),
 			 "uptime_s", uptime_s(n), "transport", n->tops->name, "workers",
 			 (int)n->nworkers, "clients", (int)n->nclients, "regions",
 			 (int)n->regions.used, "inflight", (int)t.inflight, "peers",
 			 (int)n->cfg.npeers, "peers_up", (int)peers_up(n), "draining",
-			 n->draining, "stats_enabled", n->cfg.stats_enabled);
+			 n->draining, "stats_enabled", n->cfg.stats_enabled, "gpu_region_bytes",
+			 (json_int_t)gpu_region_bytes(n), "gpus", n->ngpus > 0 ? n->ngpus : 0);
 }
 
 static json_t *

@@ -486,7 +486,7 @@ ctl prefill0 watch --count 2 --interval 0.2 >"$KVP_TMP/watch.txt" || fail "watch
 grep -q "staging" "$KVP_TMP/watch.txt" || fail "watch does not show the staging pool"
 ctl prefill0 --json doctor >"$KVP_TMP/doc.json" || fail "doctor failed"
 json_check "$KVP_TMP/doc.json" \
-	"d['transport'] == 'tcp' and d['gpus'].startswith('none') and any(x['role'] == 'decode0' and x['iface'] == '$VETH_P' and x['pci'] == 'virtual' for x in d['network']) and all(c['result'] in ('ok', 'warning') for c in d['checks'])" \
+	"d['transport'] == 'tcp' and d['gpus'] == [] and any(c['check'] == 'gpu' and 'refused' in c['detail'] for c in d['checks']) and any(x['role'] == 'decode0' and x['iface'] == '$VETH_P' and x['pci'] == 'virtual' for x in d['network']) and all(c['result'] in ('ok', 'warning') for c in d['checks'])" \
 	"doctor: wrong transport, GPU line or route to decode0"
 for cmd in status stats peers transfers slowest cancel drain undrain config_get config_set log_level doctor watch call; do
 	"$KVPROXYCTL" "$cmd" --help >"$KVP_TMP/help.txt" 2>&1 || fail "kvproxyctl $cmd --help exited non-zero"
