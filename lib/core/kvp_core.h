@@ -121,6 +121,7 @@ struct kvp_config {
 	uint32_t tcp_rx_buffer;
 	uint32_t tcp_tx_frames;
 	uint32_t tcp_send_iov;
+	bool tcp_zerocopy;	/**< IORING_OP_SENDMSG_ZC instead of copying sends */
 	uint32_t stage_pool;	/**< bytes of staging buffers per worker */
 	uint32_t stage_buf;	/**< bytes per staging buffer */
 	bool stage_host;	/**< stage host regions too (no zero-copy) */

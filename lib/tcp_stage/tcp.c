@@ -61,6 +61,7 @@ tcp_create(struct kvp_worker *w, void **tctx)
 	t->nconns = 2 * (cfg->npeers ? cfg->npeers : 1);
 	t->iov_max = 2 * cfg->tcp_send_iov;
 	t->frame_max = cfg->tcp_frame_max;
+	t->zerocopy = cfg->tcp_zerocopy;
 	t->peer_ns = (uint64_t)cfg->peer_timeout_ms * 1000000;
 	t->conns = rte_zmalloc_socket("kvp_tcp_conns", sizeof(*t->conns) * t->nconns, 64, socket);
 	if (!t->conns) {
@@ -213,9 +214,17 @@ handle_cqe(struct tcp_ctx *t, const struct io_uring_cqe *cqe)
 	if (id >= t->nconns)
 		return;
 	struct tcp_conn *c = &t->conns[id];
+	if (op == UOP_SEND && (cqe->flags & IORING_CQE_F_MORE)) {
+		/*
+		 * SENDMSG_ZC's result: the pages stay in use until the
+		 * notification, so the frames complete only then.
+		 */
+		c->zc_res = cqe->res;
+		return;
+	}
 	c->ops--;
 	if (op == UOP_SEND)
-		tcp_send_done(t, c, cqe->res);
+		tcp_send_done(t, c, (cqe->flags & IORING_CQE_F_NOTIF) ? c->zc_res : cqe->res);
 	else if (op == UOP_RECV)
 		tcp_recv_done(t, c, cqe->res);
 	if (c->state == CONN_CLOSING && c->ops == 0)

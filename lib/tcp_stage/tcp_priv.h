@@ -94,6 +94,7 @@ struct tcp_conn {
 	uint32_t tx_tail;
 	uint32_t tx_partial; /* bytes of frame tx_done already sent */
 	bool send_busy;
+	int32_t zc_res; /* SENDMSG_ZC: result held until its notification arrives */
 	struct iovec *iov;
 	struct msghdr msg;
 	struct kvp_xfer *pend_head; /* transfers still being framed */
@@ -125,6 +126,7 @@ struct tcp_ctx {
 	uint32_t nconns;
 	uint32_t iov_max;
 	uint32_t frame_max;
+	bool zerocopy;
 	uint32_t sqes; /* prepared since the last submit */
 	uint64_t next_tick_ns;
 	struct stage_pool stage;

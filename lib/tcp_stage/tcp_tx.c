@@ -225,7 +225,10 @@ tcp_start_send(struct tcp_ctx *t, struct tcp_conn *c)
 	c->msg.msg_iov = c->iov;
 	c->msg.msg_iovlen = niov;
 	/* No WAITALL: a partial send comes back, so a stuck peer is visible as no progress. */
-	io_uring_prep_sendmsg(sqe, c->fd, &c->msg, MSG_NOSIGNAL);
+	if (t->zerocopy)
+		io_uring_prep_sendmsg_zc(sqe, c->fd, &c->msg, MSG_NOSIGNAL);
+	else
+		io_uring_prep_sendmsg(sqe, c->fd, &c->msg, MSG_NOSIGNAL);
 	io_uring_sqe_set_data64(sqe, tcp_udata(c, UOP_SEND));
 	c->tx_head = i;
 	c->send_busy = true;

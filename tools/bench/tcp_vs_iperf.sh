@@ -4,6 +4,7 @@
 # against iperf3 over the same veth, in one run, reported as ratios.
 #
 #   tools/bench/tcp_vs_iperf.sh [BUILD_DIR] [--size BYTES] [--reps N] [--json FILE]
+#                               [--conf 'EXTRA CONFIG', e.g. 'tcp = { zerocopy = true; };']
 #
 # For each segment size kvproxy-bench moves --size bytes --reps times
 # (best run kept, as iperf3's is); iperf3 runs single-stream for 5 s.
@@ -14,6 +15,7 @@ BUILD=$ROOT/build
 SIZE=$((1024 * 1024 * 1024))
 REPS=3
 JSON_OUT=""
+EXTRA_CONF=""
 SEGS=(65536 1048576 4194304)
 while [[ $# -gt 0 ]]; do
 	case $1 in
@@ -21,6 +23,7 @@ while [[ $# -gt 0 ]]; do
 	--reps) REPS=$2; shift 2 ;;
 	--json) JSON_OUT=$2; shift 2 ;;
 	--segs) IFS=, read -r -a SEGS <<<"$2"; shift 2 ;;
+	--conf) EXTRA_CONF=$2; shift 2 ;;
 	-h | --help) sed -n 3,9p "$0"; exit 0 ;;
 	*) BUILD=$(cd "$1" && pwd); shift ;;
 	esac
@@ -35,13 +38,15 @@ require_netns
 require_bins
 command -v iperf3 >/dev/null || setup_fail "iperf3 is not installed (apt-get install iperf3)"
 init_test
-start_pair 91
+start_pair 91 "$EXTRA_CONF"
 
 log "iperf3, single stream, 5 s, $ADDR_P -> $ADDR_D"
 spawn "$NS_D" "$KVP_TMP/iperf3-server.log" - iperf3 -s -B "$ADDR_D" -p 5201
 ipsrv=$SPAWNED
 dl=$(deadline_in 10)
-until in_ns "$NS_P" iperf3 -c "$ADDR_D" -p 5201 -t 5 -J >"$KVP_TMP/iperf3.json" 2>/dev/null; do
+# The server may not listen yet: retry until a run reports a result.
+until in_ns "$NS_P" iperf3 -c "$ADDR_D" -p 5201 -t 5 -J >"$KVP_TMP/iperf3.json" 2>/dev/null &&
+	grep -q '"sum_received"' "$KVP_TMP/iperf3.json"; do
 	before "$dl" || setup_fail "iperf3 client could not reach the server"
 	sleep "$KVP_POLL"
 done
