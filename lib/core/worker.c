@@ -584,7 +584,12 @@ poll_chan(struct kvp_worker *w, struct kvp_chan *ch, uint64_t now)
 		x->t_frames = 0;
 		x->t_state = 0;
 		memset(x->ts, 0, sizeof(x->ts));
-		/* A submit stamp from the future is no stamp (same host, same clock). */
+		/*
+		 * The client may have submitted after this poll read the clock:
+		 * read it again. A stamp still from the future is no stamp.
+		 */
+		if (h.submit_ns > now)
+			now = kvp_mono_ns();
 		x->ts[KVP_TS_SUBMIT] = h.submit_ns <= now ? h.submit_ns : 0;
 		x->ts[KVP_TS_PICKUP] = now;
 		/* Deadlines run from the client's submit. */

@@ -13,10 +13,13 @@
 #     (destination on the other node), sends nothing and changes no byte of
 #     either region;
 #   - everything is reclaimed afterwards.
-# With the argument "cq-pin" it runs one more case instead (a separate meson
-# test): a client that moves its completion-ring consumer index back a whole
-# ring after submitting must not be able to keep the node's transfer slots,
-# i.e. an honest client submitting afterwards still succeeds.
+# With an argument it runs one more case instead (each a separate meson test):
+#   cq-pin    a client that moves its completion-ring consumer index back a
+#             whole ring after submitting must not keep the node's transfer
+#             slots: an honest client submitting afterwards still succeeds;
+#   truncate  a client that shrinks the memfd of a registered region (source
+#             or destination) must not crash kvproxyd, zero-copy or staged:
+#             its transfers fail, the node lives, honest pairs still verify.
 set -euo pipefail
 # shellcheck source-path=SCRIPTDIR source=lib.sh
 . "$(dirname "$0")/lib.sh"
@@ -232,8 +235,50 @@ case_cq_pin() {
 	stop_daemon_checked decode0
 }
 
+# truncate_round TAG: a shrunk destination on decode0, then a shrunk source on prefill0.
+truncate_round() {
+	local tag=$1 rc=0
+	spawn "$NS_D" "$KVP_TMP/$tag.trunc.out" - "$ROGUE_CLIENT" hold -s "$(sock_of decode0)" \
+		--key-file "$KVP_TMP/$tag.trunc.key" --size 16777216 --seed 41 \
+		--stop-file "$KVP_TMP/$tag.trunc.stop" --truncate
+	local trunc=$SPAWNED
+	wait_file "$KVP_TMP/$tag.trunc.key" 30 "$trunc"
+	# Small segments land by copy from the receive buffer, large ones by direct receive.
+	in_ns "$NS_P" "$KVPROXY_BENCH" prefill -s "$(sock_of prefill0)" --peer decode0 \
+		--key-file "$KVP_TMP/$tag.trunc.key" --size 16m --seed 42 --min-seg 4096 \
+		--max-seg 262144 --timeout-ms 10000 --wait-key 10 >"$KVP_TMP/$tag.trunc.pre" 2>&1 || rc=$?
+	cat "$KVP_TMP/$tag.trunc.pre" >&2
+	daemon_alive decode0 || fail "$tag: decode0 died when a client's destination region shrank under it (see its log)"
+	daemon_alive prefill0 || fail "$tag: prefill0 died"
+	touch "$KVP_TMP/$tag.trunc.stop"
+	wait_pid "$trunc" 30 || true
+	log "$tag: decode0 survived a shrunk destination region (prefill exit $rc)"
+	in_ns "$NS_P" "$ROGUE_CLIENT" steal -s "$(sock_of prefill0)" --peer decode0 --src-key own \
+		--own-size 4194304 --len 4194304 --truncate --dst-key 0x1 --expect invalid --timeout 20 \
+		>"$KVP_TMP/$tag.steal.out" 2>&1 || true
+	cat "$KVP_TMP/$tag.steal.out" >&2
+	daemon_alive prefill0 || fail "$tag: prefill0 died when a client's source region shrank under it (see its log)"
+	log "$tag: prefill0 survived a shrunk source region"
+	honest_pair "$tag.after" 16777216 43
+	honest_done "$tag.after" 16777216
+}
+
+case_truncate() {
+	start_pair 73
+	truncate_round zerocopy
+	stop_daemon_checked prefill0
+	stop_daemon_checked decode0
+	# The same through the staging pools (copies in user space).
+	KVP_TEST=${KVP_TEST}_staged
+	start_pair 74 'stage = { host = true; };'
+	truncate_round staged
+	stop_daemon_checked prefill0
+	stop_daemon_checked decode0
+}
+
 case $CASE in
 main) case_main ;;
 cq-pin) case_cq_pin ;;
+truncate) case_truncate ;;
 *) setup_fail "unknown case '$CASE'" ;;
 esac
