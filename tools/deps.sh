@@ -6,9 +6,11 @@
 set -euo pipefail
 
 PACKAGES=(
+	clang
 	gcc
 	iperf3
 	iproute2
+	libclang-rt-14-dev
 	libconfig-dev
 	libdpdk-dev
 	libibverbs-dev

@@ -2,7 +2,8 @@
 # SPDX-License-Identifier: BSD-3-Clause
 # Build kvproxy twice — plain (build/) and with address+undefined sanitizers
 # (build-san/) — and run the unit and integ suites in each, and the rdma
-# suite (Soft-RoCE in a QEMU VM, tools/rdma-vm.sh) in the plain build. Prints skipped
+# suite (Soft-RoCE in a QEMU VM, tools/rdma-vm.sh) in the plain build; then
+# the libFuzzer runs (tests/fuzz/run.sh) and a short soak. Prints skipped
 # tests with their reason, and as the last line "N passed, N failed, N skipped".
 # Exits non-zero if anything failed (a build failure counts as a failure).
 #
@@ -44,9 +45,11 @@ done
 # Default: unit and integ in both builds; rdma (a Soft-RoCE VM, slow under
 # emulation) in the plain build only.
 san_suites=()
+fuzz=0
 if [[ ${#suites[@]} -eq 0 ]]; then
-	suites=(unit integ rdma)
-	san_suites=(unit integ)
+	suites=(unit integ fuzz rdma)
+	san_suites=(unit integ fuzz)
+	fuzz=1 # and the libFuzzer runs (tests/fuzz/run.sh), bounded
 fi
 builds=("$builddir")
 [[ $san -eq 0 ]] || builds+=("$builddir-san")
@@ -99,13 +102,40 @@ for b in "${builds[@]}"; do
 	ran+=("$b")
 done
 
+# Fuzzing: each target for KVP_FUZZ_SECONDS (30) from its corpus, clang build of its own.
+extras=()
+if [[ $fuzz -eq 1 ]]; then
+	echo "==== fuzz (tests/fuzz/run.sh, ${KVP_FUZZ_SECONDS:-30} s per target)"
+	frc=0
+	tests/fuzz/run.sh --seconds "${KVP_FUZZ_SECONDS:-30}" </dev/null || frc=$?
+	case $frc in
+	0) extras+=("fuzz: libFuzzer runs=OK") ;;
+	77) extras+=("fuzz: libFuzzer runs=SKIP") ;;
+	*) extras+=("fuzz: libFuzzer runs=FAIL") ;;
+	esac
+fi
+
+# A short soak: both daemons under mixed traffic and random faults (~1 min).
+if [[ $fuzz -eq 1 ]]; then
+	echo "==== soak (tools/soak.sh --short)"
+	src=0
+	tools/soak.sh --short --builddir "$builddir" </dev/null || src=$?
+	case $src in
+	0) extras+=("soak: short soak=OK") ;;
+	77) extras+=("soak: short soak=SKIP") ;;
+	*) extras+=("soak: short soak=FAIL") ;;
+	esac
+fi
+
 # Totals from meson's testlog.json (one JSON object per test), plus build failures.
-python3 - "${ran[@]}" -- "${build_failures[@]}" <<'EOF'
+python3 - "${ran[@]}" -- "${build_failures[@]}" -- "${extras[@]}" <<'EOF'
 import json, os, sys
 
 args = sys.argv[1:]
 sep = args.index("--")
-builds, build_failures = args[:sep], args[sep + 1:]
+builds, rest = args[:sep], args[sep + 1:]
+sep = rest.index("--")
+build_failures, extras = rest[:sep], rest[sep + 1:]
 passed, failed, skipped = [], [], []
 for b in builds:
     path = os.path.join(b, "meson-logs", "testlog.json")
@@ -131,6 +161,14 @@ for b in builds:
             failed.append((name, res + (": " + why[0] if why else "")))
 for f in build_failures:
     failed.append((f, "BUILD"))
+for e in extras:
+    name, res = e.rsplit("=", 1)
+    if res == "OK":
+        passed.append(name)
+    elif res == "SKIP":
+        skipped.append((name, "clang/libFuzzer not available"))
+    else:
+        failed.append((name, "crash or failed replay (see its output above)"))
 
 if failed:
     print("failed:")

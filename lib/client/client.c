@@ -7,6 +7,7 @@
  * rings of the channel that HELLO hands over. Only kvp_connect() allocates.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -696,10 +697,11 @@ kvp_host_alloc(size_t len, int *fd, void **addr)
 
 	if (len == 0 || fd == NULL || addr == NULL)
 		return -EINVAL;
-	mfd = memfd_create("kvp-region", MFD_CLOEXEC);
+	mfd = memfd_create("kvp-region", MFD_CLOEXEC | MFD_ALLOW_SEALING);
 	if (mfd < 0)
 		return -errno;
-	if (ftruncate(mfd, (off_t)len) < 0) {
+	/* kvproxyd maps regions only if they can never shrink under it. */
+	if (ftruncate(mfd, (off_t)len) < 0 || fcntl(mfd, F_ADD_SEALS, F_SEAL_SHRINK) < 0) {
 		rc = -errno;
 		goto err_close;
 	}

@@ -67,14 +67,16 @@ const char *kvp_node_id(const struct kvp_client *c);
 uint32_t kvp_max_segments(const struct kvp_client *c);
 
 /**
- * Register [fd_offset, fd_offset+len) of a shareable fd (memfd, shm,
- * hugetlbfs) as a region; the daemon maps it once.
+ * Register [fd_offset, fd_offset+len) of a memfd as a region; the daemon
+ * maps it once. The memfd must be sealed against shrinking
+ * (MFD_ALLOW_SEALING + F_ADD_SEALS F_SEAL_SHRINK, as kvp_host_alloc() does):
+ * a file that could shrink under the daemon's mapping is refused (-EPERM).
  *
  * @param flags  KVP_REGION_HOST
  * @param key    the region key, to name it in segments (source) or to give
  *   to a prefill node (destination)
- * @return 0; -EINVAL (bad range, unmappable fd); -ENOSPC (region table
- *   full); -EPIPE if the daemon went away
+ * @return 0; -EINVAL (bad range, unmappable fd); -EPERM (not sealed against
+ *   shrinking); -ENOSPC (region table full); -EPIPE if the daemon went away
  */
 int kvp_region_register(struct kvp_client *c, int fd, uint64_t fd_offset, uint64_t len,
 			uint32_t flags, uint64_t *key);

@@ -277,7 +277,8 @@ void kvp_region_table_fini(struct kvp_region_table *t);
  * Map [off, off+len) of @p fd and publish it under a new random key (main lcore).
  *
  * @return 0; -EINVAL (empty or overflowing range, fd not mappable);
- *   -ENOSPC (table full); -ENOMEM
+ *   -EPERM (fd not sealed against shrinking: F_SEAL_SHRINK); -ENOSPC
+ *   (table full); -ENOMEM
  */
 int kvp_region_add(struct kvp_region_table *t, uint32_t owner, int fd, uint64_t off,
 		   uint64_t len, uint32_t flags, uint64_t *key);

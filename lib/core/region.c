@@ -8,6 +8,7 @@
  * the main lcore has decided to unmap.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -111,6 +112,10 @@ kvp_region_add(struct kvp_region_table *t, uint32_t owner, int fd, uint64_t off,
 		return -EINVAL;
 	if (fstat(fd, &st) < 0 || (!S_ISREG(st.st_mode) && !S_ISBLK(st.st_mode)))
 		return -EINVAL;
+	/* A file that shrinks under the mapping turns every access into SIGBUS. */
+	int seals = fcntl(fd, F_GET_SEALS);
+	if (seals < 0 || !(seals & F_SEAL_SHRINK))
+		return -EPERM;
 	/* A mapping past EOF would SIGBUS on the first access: refuse it here. */
 	if (S_ISREG(st.st_mode) && off + len > (uint64_t)st.st_size)
 		return -EINVAL;

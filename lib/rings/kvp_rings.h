@@ -225,8 +225,12 @@ kvp_ring_free(struct kvp_ring *r)
 	uint32_t cons = atomic_load_explicit(&r->shm->cons, memory_order_acquire);
 	uint32_t used = r->local - cons;
 
-	/* Never cache an impossible index: the enqueue fast path trusts r->cached. */
-	if (used > r->size)
+	/*
+	 * Never cache an impossible index: the enqueue fast path trusts
+	 * r->cached. cons only moves forward, from the last value seen up to
+	 * prod; one that went back would pin the producer's entries forever.
+	 */
+	if (used > r->size || cons - r->cached > r->local - r->cached)
 		return -EPROTO;
 	r->cached = cons;
 	return (int)(r->size - used);

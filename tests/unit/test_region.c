@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /* Region table: random keys, bounds, ownership, deferred unmap under references. */
 #include <errno.h>
+#include <fcntl.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -11,7 +12,7 @@
 static int
 make_fd(size_t len)
 {
-	int fd = memfd_create("kvp-test", MFD_CLOEXEC);
+	int fd = memfd_create("kvp-test", MFD_CLOEXEC | MFD_ALLOW_SEALING);
 
 	if (fd < 0 || ftruncate(fd, (off_t)len) < 0)
 		return -1;
@@ -29,6 +30,10 @@ main(void)
 		return 99;
 	CHECK_EQ(kvp_region_table_init(&t, 0), -EINVAL);
 	CHECK_EQ(kvp_region_table_init(&t, 3), 0);
+
+	/* A memfd that could shrink under the mapping is refused. */
+	CHECK_EQ(kvp_region_add(&t, 1, fd, 0, 4096, KVP_REGION_HOST, &k1), -EPERM);
+	CHECK_EQ(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK), 0);
 
 	/* Bad ranges never map. */
 	CHECK_EQ(kvp_region_add(&t, 1, fd, 0, 0, KVP_REGION_HOST, &k1), -EINVAL);

@@ -1,0 +1,256 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * Fuzz target: the admin JSON-RPC handler, kvp_admin_handle().
+ *
+ * The node is real (kvp_node_init with a stub transport named "tcp"), with
+ * one connected client that has a region and, at the start of every input,
+ * one transfer in flight — so status/stats/peers/transfers/slowest/cancel/
+ * drain/config_* all have something to look at and change. The input is
+ * split into lines, as the admin socket does, and each line is one request;
+ * state changes (drain, config_set, cancel) carry over to the next line and
+ * are undone after the input.
+ *
+ * Invariants: every reply fits the buffer, is one JSON object with
+ * "jsonrpc":"2.0" and exactly one of "result"/"error" (integer code), and a
+ * request whose "id" is a string or an integer gets that id back; no
+ * control message, transfer slot or fd leaks.
+ */
+#include <errno.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <jansson.h>
+#include <rte_log.h>
+#include <rte_mempool.h>
+
+#include "fuzz_common.h"
+
+#define REPLY_MAX (1u << 20)
+#define SEG_LEN   4096u
+
+static struct kvp_node node;
+static struct kvp_worker *w;
+static struct fuzz_client cl;
+static struct kvp_config saved_cfg;
+static char *reply;
+static struct kvp_xfer *held; /* the transfer the stub transport keeps in flight */
+static uint64_t next_uid = 1;
+
+static int
+stub_create(struct kvp_worker *wk, void **tctx)
+{
+	*tctx = wk;
+	return 0;
+}
+
+static void
+stub_destroy(void *tctx)
+{
+	(void)tctx;
+}
+
+static int
+stub_attach(void *tctx, uint16_t peer, int fd, bool outgoing, uint64_t epoch)
+{
+	(void)tctx;
+	(void)peer;
+	(void)fd;
+	(void)outgoing;
+	(void)epoch;
+	return -EINVAL;
+}
+
+static int
+stub_post(void *tctx, struct kvp_xfer *x)
+{
+	(void)tctx;
+	FUZZ_ASSERT(held == NULL, "a second transfer reached the transport");
+	x->ts[KVP_TS_ADMIT] = kvp_mono_ns();
+	held = x;
+	return 0;
+}
+
+static int
+stub_progress(void *tctx)
+{
+	(void)tctx;
+	return 0;
+}
+
+static void
+stub_cancel(void *tctx, struct kvp_xfer *x, int status)
+{
+	(void)tctx;
+	FUZZ_ASSERT(x == held, "cancel of a transfer the transport does not hold");
+	held = NULL;
+	kvp_worker_xfer_end(w, x, status);
+}
+
+static int
+stub_sleep_fd(void *tctx)
+{
+	(void)tctx;
+	return -1;
+}
+
+static void
+stub_disconnect(void *tctx, uint16_t peer)
+{
+	(void)tctx;
+	(void)peer;
+}
+
+/* The admin output names the transport; "tcp" is what a real node reports. */
+static const struct kvp_transport_ops stub_ops = {
+	.name = "tcp",
+	.caps = KVP_TCAP_HOST_MEM,
+	.create = stub_create,
+	.destroy = stub_destroy,
+	.attach = stub_attach,
+	.post = stub_post,
+	.progress = stub_progress,
+	.cancel = stub_cancel,
+	.sleep_fd = stub_sleep_fd,
+	.disconnect = stub_disconnect,
+};
+
+/* Keep one transfer in flight: submitted through the client's ring, picked up by the worker. */
+static void
+ensure_inflight(void)
+{
+	struct kvp_sqe_seg e[2];
+	struct kvp_sqe_xfer *h = (struct kvp_sqe_xfer *)&e[0];
+
+	if (held)
+		return;
+	memset(e, 0, sizeof(e));
+	h->op = KVP_OP_XFER;
+	h->nseg = 1;
+	h->user_id = next_uid++;
+	h->submit_ns = kvp_mono_ns();
+	h->timeout_ns = 3600ull * 1000000000;
+	e[1].op = KVP_OP_SEG;
+	e[1].src_key = cl.key;
+	e[1].len = SEG_LEN;
+	e[1].dst_key = 0x1234000000000001ull;
+	FUZZ_ASSERT(kvp_ring_enqueue_bulk(&cl.sq, e, 2) == 2, "client SQ full");
+	kvp_worker_poll_chans(w);
+	FUZZ_ASSERT(held != NULL, "the worker did not pick up the transfer");
+}
+
+/* Completions are the client's business; read them so the CQ never fills. */
+static void
+drain_cq(void)
+{
+	struct kvp_cqe c[16];
+
+	while (kvp_ring_dequeue_burst(&cl.cq, c, 16) > 0)
+		;
+}
+
+int LLVMFuzzerInitialize(int *argc, char ***argv);
+
+int
+LLVMFuzzerInitialize(int *argc, char ***argv)
+{
+	struct kvp_config cfg;
+
+	(void)argc;
+	(void)argv;
+	fuzz_config(&cfg);
+	fuzz_node_init(&node, &cfg, &stub_ops);
+	w = &node.workers[0];
+	w->peer_up[0] = true;
+	fuzz_client_open(&node, &cl, 1 << 20);
+	reply = malloc(REPLY_MAX);
+	FUZZ_ASSERT(reply != NULL, "out of memory");
+	ensure_inflight();
+	saved_cfg = node.cfg;
+	return 0;
+}
+
+/* The shape every reply must have. */
+static void
+check_reply(const char *req, size_t reqlen, const char *out, size_t rlen)
+{
+	json_error_t jerr;
+	json_t *r = json_loadb(out, rlen, JSON_REJECT_DUPLICATES, &jerr);
+
+	FUZZ_ASSERT(r != NULL, "reply is not JSON (%s): %.*s", jerr.text, (int)rlen, out);
+	FUZZ_ASSERT(json_is_object(r), "reply is not an object");
+	FUZZ_ASSERT(json_is_string(json_object_get(r, "jsonrpc")) &&
+			    strcmp(json_string_value(json_object_get(r, "jsonrpc")), "2.0") == 0,
+		    "reply without \"jsonrpc\":\"2.0\"");
+	json_t *res = json_object_get(r, "result"), *err = json_object_get(r, "error");
+	FUZZ_ASSERT((res != NULL) != (err != NULL), "reply needs exactly one of result/error");
+	if (err)
+		FUZZ_ASSERT(json_is_integer(json_object_get(err, "code")) &&
+				    json_is_string(json_object_get(err, "message")),
+			    "error without an integer code and a message");
+	FUZZ_ASSERT(json_object_get(r, "id") != NULL, "reply without an id");
+
+	/* A well-formed id comes back as it was sent (unless the reply did not fit). */
+	json_t *q = json_loadb(req, reqlen, JSON_REJECT_DUPLICATES | JSON_DECODE_ANY, &jerr);
+	json_t *qid = json_is_object(q) ? json_object_get(q, "id") : NULL;
+	bool too_large = err && json_integer_value(json_object_get(err, "code")) == -32603;
+	if (qid && (json_is_string(qid) || json_is_integer(qid)) && !too_large)
+		FUZZ_ASSERT(json_equal(qid, json_object_get(r, "id")), "reply id differs");
+	json_decref(q);
+	json_decref(r);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+int
+LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+	static const size_t outlens[] = { REPLY_MAX, 65536, 4096, 512 };
+	int fd0 = fuzz_lowest_fd();
+	unsigned pool0 = rte_mempool_avail_count(node.msg_pool);
+	size_t outlen;
+
+	if (size == 0)
+		return 0;
+	outlen = outlens[data[0] % 4];
+	data++;
+	size--;
+	ensure_inflight();
+
+	const char *p = (const char *)data, *end = p + size;
+	for (int lines = 0; p < end && lines < 64; lines++) {
+		const char *nl = memchr(p, '\n', (size_t)(end - p));
+		size_t len = nl ? (size_t)(nl - p) : (size_t)(end - p);
+		size_t rlen = kvp_admin_handle(&node, p, len, reply, outlen);
+
+		FUZZ_ASSERT(rlen < outlen, "reply length %zu does not fit %zu", rlen, outlen);
+		if (rlen)
+			check_reply(p, len, reply, rlen);
+		if (fuzz_verbose())
+			fprintf(stderr, "admin: %.*s -> %.*s\n", (int)(len < 100 ? len : 100), p,
+				(int)(rlen < 200 ? rlen : 200), reply);
+		/* The worker acts on what the admin sent it (cancel), as its loop would. */
+		kvp_worker_inbox(w);
+		kvp_worker_poll_chans(w);
+		drain_cq();
+		p += len + (nl ? 1 : 0);
+	}
+
+	/* Undo what the requests changed, so every input starts from the same node. */
+	if (node.draining) {
+		static const char undrain[] =
+			"{\"jsonrpc\":\"2.0\",\"id\":0,\"method\":\"undrain\"}";
+
+		kvp_admin_handle(&node, undrain, sizeof(undrain) - 1, reply, REPLY_MAX);
+		FUZZ_ASSERT(!node.draining, "undrain did not end the drain");
+	}
+	node.cfg = saved_cfg;
+	rte_log_set_level_pattern("kvp.*", RTE_LOG_DEBUG);
+	kvp_worker_inbox(w);
+	kvp_worker_poll_chans(w);
+	drain_cq();
+	fuzz_drain_outbox(&node, 0, NULL);
+	FUZZ_ASSERT(rte_mempool_avail_count(node.msg_pool) == pool0, "control messages leaked");
+	FUZZ_ASSERT(w->nxfers - w->nfree == (held ? 1u : 0u), "transfer slots leaked");
+	FUZZ_ASSERT(fuzz_lowest_fd() == fd0, "fd leaked");
+	return 0;
+}

@@ -1,0 +1,280 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * Fuzz target: the client socket protocol of kvproxyd (client_srv.c:
+ * HELLO, REG with an fd, DEREG, PEER_LOOKUP; fixed 256-byte requests), the
+ * surface every local process that can reach the client socket touches.
+ *
+ * Each input is one client connection to a real node (kvp_node_init, stub
+ * transport, the real accept path). The input is a list of chunks: a flags
+ * byte, a length byte, then that many bytes written to the socket; the flags
+ * attach file descriptors to the chunk (a mappable memfd, a second memfd, a
+ * pipe — not mappable — or several at once). The control plane runs
+ * (kvp_node_poll, worker 0's inbox) after every chunk; replies are read and
+ * checked. Then the client hangs up.
+ *
+ * Invariants: every reply is a whole 256-byte message with the magic and a
+ * NUL-terminated reason; once the client has gone, its slot, channel and
+ * regions are reclaimed (no client, no region, no control message left) and
+ * every fd it passed has been closed (no fd leak); ASan/UBSan watch the rest.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <rte_mempool.h>
+
+#include "fuzz_common.h"
+
+static struct kvp_node node;
+static struct kvp_worker *w;
+
+static int
+stub_create(struct kvp_worker *wk, void **tctx)
+{
+	*tctx = wk;
+	return 0;
+}
+
+static void
+stub_destroy(void *tctx)
+{
+	(void)tctx;
+}
+
+static int
+stub_attach(void *tctx, uint16_t peer, int fd, bool outgoing, uint64_t epoch)
+{
+	(void)tctx;
+	(void)peer;
+	(void)fd;
+	(void)outgoing;
+	(void)epoch;
+	return -EINVAL;
+}
+
+static int
+stub_post(void *tctx, struct kvp_xfer *x)
+{
+	(void)tctx;
+	(void)x;
+	return -ENOTCONN;
+}
+
+static int
+stub_progress(void *tctx)
+{
+	(void)tctx;
+	return 0;
+}
+
+static void
+stub_cancel(void *tctx, struct kvp_xfer *x, int status)
+{
+	(void)tctx;
+	kvp_worker_xfer_end(w, x, status);
+}
+
+static int
+stub_sleep_fd(void *tctx)
+{
+	(void)tctx;
+	return -1;
+}
+
+static void
+stub_disconnect(void *tctx, uint16_t peer)
+{
+	(void)tctx;
+	(void)peer;
+}
+
+static const struct kvp_transport_ops stub_ops = {
+	.name = "tcp",
+	.caps = KVP_TCAP_HOST_MEM,
+	.create = stub_create,
+	.destroy = stub_destroy,
+	.attach = stub_attach,
+	.post = stub_post,
+	.progress = stub_progress,
+	.cancel = stub_cancel,
+	.sleep_fd = stub_sleep_fd,
+	.disconnect = stub_disconnect,
+};
+
+int LLVMFuzzerInitialize(int *argc, char ***argv);
+
+int
+LLVMFuzzerInitialize(int *argc, char ***argv)
+{
+	struct kvp_config cfg;
+
+	(void)argc;
+	(void)argv;
+	fuzz_config(&cfg);
+	cfg.max_clients = 2;
+	fuzz_node_init(&node, &cfg, &stub_ops);
+	w = &node.workers[0];
+	return 0;
+}
+
+/* Everything the daemon does in its loop for a client: control plane, then the worker's inbox. */
+static void
+run_node(void)
+{
+	for (int i = 0; i < 3; i++) {
+		kvp_node_poll(&node, 0);
+		kvp_worker_inbox(w);
+	}
+}
+
+static uint8_t part[KVP_CTRL_MSGLEN]; /* a reply being read */
+static size_t have;
+
+static void
+read_replies(int sock)
+{
+	union {
+		struct cmsghdr h;
+		char buf[CMSG_SPACE(sizeof(int) * 8)];
+	} u;
+
+	for (;;) {
+		struct iovec iov = { .iov_base = part + have, .iov_len = sizeof(part) - have };
+		struct msghdr msg = { .msg_iov = &iov,
+				      .msg_iovlen = 1,
+				      .msg_control = u.buf,
+				      .msg_controllen = sizeof(u.buf) };
+		ssize_t r = recvmsg(sock, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+
+		if (r <= 0) {
+			if (r == 0)
+				have = 0;
+			return;
+		}
+		/* The daemon's fds (channel, doorbell, notify) are ours now: close them. */
+		for (struct cmsghdr *cm = CMSG_FIRSTHDR(&msg); cm; cm = CMSG_NXTHDR(&msg, cm)) {
+			int k = (int)((cm->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+
+			for (int i = 0; i < k; i++) {
+				int fd;
+
+				memcpy(&fd, CMSG_DATA(cm) + (size_t)i * sizeof(int), sizeof(int));
+				close(fd);
+			}
+		}
+		have += (size_t)r;
+		if (have == sizeof(part)) {
+			struct kvp_ctrl_rep rep;
+
+			memcpy(&rep, part, sizeof(rep));
+			FUZZ_ASSERT(rep.magic == KVP_CTRL_MAGIC, "reply without the magic");
+			FUZZ_ASSERT(memchr(rep.errmsg, '\0', sizeof(rep.errmsg)) != NULL,
+				    "reply reason not NUL-terminated");
+			FUZZ_ASSERT(rep.err <= 0, "positive errno %d in a reply", rep.err);
+			if (fuzz_verbose())
+				fprintf(stderr, "client_ctrl: reply op %u err %d %.*s\n", rep.op,
+					rep.err, KVP_ERRMSG_MAX, rep.errmsg);
+			have = 0;
+		}
+	}
+}
+
+static int
+mk_memfd(size_t len)
+{
+	int fd = memfd_create("fuzz-ctrl-region", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+
+	FUZZ_ASSERT(fd >= 0 && ftruncate(fd, (off_t)len) == 0 &&
+			    fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK) == 0,
+		    "memfd");
+	return fd;
+}
+
+/* Send @p n bytes with the fds that @p flags asks for. */
+static void
+send_chunk(int sock, const uint8_t *b, size_t n, uint8_t flags)
+{
+	union {
+		struct cmsghdr h;
+		char buf[CMSG_SPACE(sizeof(int) * 4)];
+	} u;
+	struct iovec iov = { .iov_base = (void *)b, .iov_len = n };
+	struct msghdr msg = { .msg_iov = &iov, .msg_iovlen = 1 };
+	int fds[4], nfd = 0, p[2] = { -1, -1 };
+
+	if (flags & 1)
+		fds[nfd++] = mk_memfd(65536);
+	if (flags & 2)
+		fds[nfd++] = mk_memfd(4096);
+	if ((flags & 4) && pipe2(p, O_CLOEXEC) == 0) {
+		fds[nfd++] = p[0];
+		close(p[1]);
+	}
+	if (flags & 8)
+		fds[nfd++] = mk_memfd(0); /* empty: any range is beyond its end */
+	if (nfd) {
+		memset(&u, 0, sizeof(u));
+		msg.msg_control = u.buf;
+		msg.msg_controllen = CMSG_SPACE(sizeof(int) * (size_t)nfd);
+		struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
+		cm->cmsg_level = SOL_SOCKET;
+		cm->cmsg_type = SCM_RIGHTS;
+		cm->cmsg_len = CMSG_LEN(sizeof(int) * (size_t)nfd);
+		memcpy(CMSG_DATA(cm), fds, sizeof(int) * (size_t)nfd);
+	}
+	if (sendmsg(sock, &msg, MSG_NOSIGNAL | MSG_DONTWAIT) < 0) {
+		/* The daemon hung up on us: fine, the fds below are ours to close. */
+	}
+	for (int i = 0; i < nfd; i++)
+		close(fds[i]);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+int
+LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+	struct fuzz_in in = { data, size, 0 };
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	int fd0 = fuzz_lowest_fd();
+	unsigned pool0 = rte_mempool_avail_count(node.msg_pool);
+	int sock;
+
+	have = 0;
+	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", node.cfg.client_socket);
+	sock = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	FUZZ_ASSERT(sock >= 0 && connect(sock, (struct sockaddr *)&sa, sizeof(sa)) == 0, "connect");
+	run_node(); /* accept */
+
+	for (int chunks = 0; chunks < 32 && fuzz_more(&in); chunks++) {
+		uint8_t flags = fuzz_u8(&in);
+		size_t n = (size_t)fuzz_u8(&in) + 1;
+		uint8_t b[256];
+
+		if (flags & 0x80) /* a whole request in one go */
+			n = KVP_CTRL_MSGLEN;
+		fuzz_copy(&in, b, n);
+		send_chunk(sock, b, n, flags);
+		run_node();
+		read_replies(sock);
+	}
+
+	/* The client goes away; the node must give back everything it held for it. */
+	close(sock);
+	for (int i = 0; i < 50 && (node.nclients || node.regions.used); i++)
+		run_node();
+	if (fuzz_verbose())
+		fprintf(stderr, "client_ctrl: clients %u regions %u after the hang-up\n",
+			node.nclients, node.regions.used);
+	FUZZ_ASSERT(node.nclients == 0, "%u client slots still held", node.nclients);
+	FUZZ_ASSERT(node.regions.used == 0, "%u regions still mapped", node.regions.used);
+	FUZZ_ASSERT(w->nchans == 0, "the worker still polls %u channels", w->nchans);
+	fuzz_drain_outbox(&node, 0, NULL);
+	FUZZ_ASSERT(rte_mempool_avail_count(node.msg_pool) == pool0, "control messages leaked");
+	FUZZ_ASSERT(fuzz_lowest_fd() == fd0, "fd leaked (one the client passed, or a channel's)");
+	return 0;
+}
