@@ -23,27 +23,16 @@
 #include <jansson.h>
 #include <rte_lcore.h>
 
+#include "admin_priv.h"
 #include "kvp_core.h"
 
-#define RPC_PARSE_ERROR	     -32700
-#define RPC_INVALID_REQUEST  -32600
-#define RPC_METHOD_NOT_FOUND -32601
-#define RPC_INVALID_PARAMS   -32602
-#define RPC_INTERNAL_ERROR   -32603
-/* Application errors (JSON-RPC reserves -32000..-32099 for servers). */
-#define RPC_REFUSED -32001 /* a well-formed request the node will not carry out */
 
 /* Big enough for the Prometheus text with JSON escaping. */
 #define REPLY_MAX (2 * KVP_STATS_TEXT_MAX)
 
-/* Why a method returned no result: code and message of the JSON-RPC error. */
-struct rpc_err {
-	int code;
-	char msg[256];
-};
 
-static json_t *__attribute__((format(printf, 3, 4)))
-fail_rpc(struct rpc_err *e, int code, const char *fmt, ...)
+json_t *
+admin_fail(struct rpc_err *e, int code, const char *fmt, ...)
 {
 	va_list ap;
 
@@ -54,23 +43,6 @@ fail_rpc(struct rpc_err *e, int code, const char *fmt, ...)
 	return NULL;
 }
 
-/* Totals across workers, read with relaxed loads. */
-struct totals {
-	struct kvp_peer_stats peer[KVP_PEERS_MAX];
-	struct kvp_peer_stats all;
-	uint64_t completions[KVP_STATUS_MAX];
-	uint64_t submitted;
-	uint64_t landed;
-	uint64_t done;
-	uint64_t hwm;
-	uint64_t stage_bufs;
-	uint64_t stage_used;
-	uint64_t stage_hwm;
-	uint64_t stage_waits;
-	uint64_t drain_refused;
-	uint64_t deadline_misses;
-	uint32_t inflight;
-};
 
 static void
 add_peer(struct kvp_peer_stats *d, struct kvp_peer_stats *s)
@@ -85,8 +57,8 @@ add_peer(struct kvp_peer_stats *d, struct kvp_peer_stats *s)
 	d->conn_errors += KVP_STAT_READ(s->conn_errors);
 }
 
-static void
-gather(const struct kvp_node *n, struct totals *t)
+void
+admin_gather(const struct kvp_node *n, struct totals *t)
 {
 	memset(t, 0, sizeof(*t));
 	for (unsigned w = 0; w < n->nworkers; w++) {
@@ -114,14 +86,14 @@ gather(const struct kvp_node *n, struct totals *t)
 	}
 }
 
-static double
-uptime_s(const struct kvp_node *n)
+double
+admin_uptime_s(const struct kvp_node *n)
 {
 	return (double)(kvp_mono_ns() - n->start_ns) / 1e9;
 }
 
-static unsigned
-peers_up(const struct kvp_node *n)
+unsigned
+admin_peers_up(const struct kvp_node *n)
 {
 	unsigned up = 0;
 
@@ -131,15 +103,15 @@ peers_up(const struct kvp_node *n)
 }
 
 /* No params, or an empty object/array. */
-static bool
-no_params(json_t *params)
+bool
+admin_no_params(json_t *params)
 {
 	return !params || (json_is_object(params) && json_object_size(params) == 0);
 }
 
 /* GPU memory this node has mapped for clients' regions (its GPU footprint beyond contexts). */
-static uint64_t
-gpu_region_bytes(const struct kvp_node *n)
+uint64_t
+admin_gpu_region_bytes(const struct kvp_node *n)
 {
 	uint64_t sum = 0;
 
@@ -158,17 +130,17 @@ m_status(struct kvp_node *n, json_t *params, struct rpc_err *e)
 {
 	struct totals t;
 
-	if (!no_params(params))
-		return fail_rpc(e, RPC_INVALID_PARAMS, "status takes no params");
-	gather(n, &t);
+	if (!admin_no_params(params))
+		return admin_fail(e, RPC_INVALID_PARAMS, "status takes no params");
+	admin_gather(n, &t);
 	return json_pack("{s:s, s:s, s:i, s:f, s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:b, s:b, s:I, s:i}",
 			 "node_id", n->cfg.node_id, "version", KVP_VERSION, "pid", (int)getpid(),
-			 "uptime_s", uptime_s(n), "transport", n->tops->name, "workers",
+			 "admin_uptime_s", admin_uptime_s(n), "transport", n->tops->name, "workers",
 			 (int)n->nworkers, "clients", (int)n->nclients, "regions",
 			 (int)n->regions.used, "inflight", (int)t.inflight, "peers",
-			 (int)n->cfg.npeers, "peers_up", (int)peers_up(n), "draining",
-			 n->draining, "stats_enabled", n->cfg.stats_enabled, "gpu_region_bytes",
-			 (json_int_t)gpu_region_bytes(n), "gpus", n->ngpus > 0 ? n->ngpus : 0);
+			 (int)n->cfg.npeers, "admin_peers_up", (int)admin_peers_up(n), "draining",
+			 n->draining, "stats_enabled", n->cfg.stats_enabled, "admin_gpu_region_bytes",
+			 (json_int_t)admin_gpu_region_bytes(n), "gpus", n->ngpus > 0 ? n->ngpus : 0);
 }
 
 static json_t *
@@ -214,8 +186,8 @@ clients_json(const struct kvp_node *n)
 }
 
 /* Histogram of (peer, phase) summed over the workers. */
-static void
-hist_of(const struct kvp_node *n, uint16_t peer, int phase, struct kvp_hist *h)
+void
+admin_hist_of(const struct kvp_node *n, uint16_t peer, int phase, struct kvp_hist *h)
 {
 	memset(h, 0, sizeof(*h));
 	for (unsigned w = 0; w < n->nworkers; w++)
@@ -231,7 +203,7 @@ latency_json(const struct kvp_node *n)
 
 	for (uint16_t p = 0; p < n->cfg.npeers; p++) {
 		for (int ph = 0; ph < KVP_HP_MAX; ph++) {
-			hist_of(n, p, ph, &h);
+			admin_hist_of(n, p, ph, &h);
 			uint64_t cnt = kvp_hist_count(&h);
 
 			if (cnt == 0)
@@ -258,14 +230,14 @@ m_stats(struct kvp_node *n, json_t *params, struct rpc_err *e)
 	struct totals t;
 
 	if (params && json_unpack(params, "{s?:s !}", "format", &fmt) < 0)
-		return fail_rpc(e, RPC_INVALID_PARAMS, "params: {\"format\": \"json\"|\"prometheus\"}");
+		return admin_fail(e, RPC_INVALID_PARAMS, "params: {\"format\": \"json\"|\"prometheus\"}");
 	if (strcmp(fmt, "prometheus") == 0) {
 		kvp_stats_prometheus(n, n->stats_buf, KVP_STATS_TEXT_MAX);
 		return json_pack("{s:s}", "text", n->stats_buf);
 	}
 	if (strcmp(fmt, "json") != 0)
-		return fail_rpc(e, RPC_INVALID_PARAMS, "format: expected \"json\" or \"prometheus\"");
-	gather(n, &t);
+		return admin_fail(e, RPC_INVALID_PARAMS, "format: expected \"json\" or \"prometheus\"");
+	admin_gather(n, &t);
 	json_t *comp = json_object();
 	for (int c = 0; c < KVP_STATUS_MAX; c++)
 		json_object_set_new(comp, kvp_status_str(c), json_integer((json_int_t)t.completions[c]));
@@ -303,7 +275,7 @@ m_stats(struct kvp_node *n, json_t *params, struct rpc_err *e)
 				  "high_water", (json_int_t)t.stage_hwm, "waits",
 				  (json_int_t)t.stage_waits, "host", n->cfg.stage_host);
 	return json_pack("{s:s, s:f, s:s, s:o, s:o, s:o, s:o, s:o, s:o, s:i, s:o}", "node_id",
-			 n->cfg.node_id, "uptime_s", uptime_s(n), "transport", n->tops->name,
+			 n->cfg.node_id, "admin_uptime_s", admin_uptime_s(n), "transport", n->tops->name,
 			 "totals", totals, "completions", comp, "staging", stage, "peers", peers,
 			 "clients", clients_json(n), "workers", workers, "regions",
 			 (int)n->regions.used, "latency", latency_json(n));
@@ -315,8 +287,8 @@ m_peers(struct kvp_node *n, json_t *params, struct rpc_err *e)
 	json_t *arr;
 	char addr[80], epoch[24];
 
-	if (!no_params(params))
-		return fail_rpc(e, RPC_INVALID_PARAMS, "peers takes no params");
+	if (!admin_no_params(params))
+		return admin_fail(e, RPC_INVALID_PARAMS, "peers takes no params");
 	arr = json_array();
 	for (uint16_t i = 0; i < n->cfg.npeers; i++) {
 		const struct kvp_peer *p = &n->peers[i];
@@ -344,7 +316,7 @@ m_cancel(struct kvp_node *n, json_t *params, struct rpc_err *e)
 	if (!params ||
 	    json_unpack(params, "{s:I, s:I !}", "client", &client, "user_id", &user_id) < 0 ||
 	    client < 0 || client > UINT32_MAX || user_id < 0)
-		return fail_rpc(e, RPC_INVALID_PARAMS,
+		return admin_fail(e, RPC_INVALID_PARAMS,
 				"params: {\"client\": ID >= 0, \"user_id\": ID >= 0}");
 	uint32_t slot = kvp_client_slot((uint32_t)client);
 	if (slot >= n->cfg.max_clients || n->clients[slot].state != KVP_CL_ACTIVE ||
@@ -412,7 +384,7 @@ m_transfers(struct kvp_node *n, json_t *params, struct rpc_err *e)
 	char id[24];
 
 	if (!limit_param(params, &limit))
-		return fail_rpc(e, RPC_INVALID_PARAMS, "params: {\"limit\": 1..100000} or none");
+		return admin_fail(e, RPC_INVALID_PARAMS, "params: {\"limit\": 1..100000} or none");
 	json_t *arr = json_array();
 	for (unsigned wi = 0; wi < n->nworkers; wi++) {
 		const struct kvp_worker *w = &n->workers[wi];
@@ -502,7 +474,7 @@ m_slowest(struct kvp_node *n, json_t *params, struct rpc_err *e)
 	uint64_t now = kvp_mono_ns(), window = (uint64_t)n->cfg.slowest_window_s * 1000000000ull;
 
 	if (!limit_param(params, &limit))
-		return fail_rpc(e, RPC_INVALID_PARAMS, "params: {\"limit\": 1..100000} or none");
+		return admin_fail(e, RPC_INVALID_PARAMS, "params: {\"limit\": 1..100000} or none");
 	for (unsigned w = 0; w < n->nworkers && w < 8; w++)
 		for (unsigned i = 0; i < KVP_SLOWEST_N; i++)
 			if (kvp_slowest_read(&n->workers[w].slowest, i, &all[cnt]) &&
@@ -523,7 +495,7 @@ drain_state(struct kvp_node *n)
 {
 	struct totals t;
 
-	gather(n, &t);
+	admin_gather(n, &t);
 	return json_pack("{s:b, s:f, s:i, s:I, s:b}", "draining", n->draining, "since_s",
 			 n->draining ? (double)(kvp_mono_ns() - n->drain_since_ns) / 1e9 : 0.0,
 			 "inflight", (int)t.inflight, "refused", (json_int_t)t.drain_refused,
@@ -533,8 +505,8 @@ drain_state(struct kvp_node *n)
 static json_t *
 m_drain(struct kvp_node *n, json_t *params, struct rpc_err *e)
 {
-	if (!no_params(params))
-		return fail_rpc(e, RPC_INVALID_PARAMS, "drain takes no params");
+	if (!admin_no_params(params))
+		return admin_fail(e, RPC_INVALID_PARAMS, "drain takes no params");
 	if (!n->draining)
 		kvp_node_set_draining(n, true);
 	return drain_state(n);
@@ -543,8 +515,8 @@ m_drain(struct kvp_node *n, json_t *params, struct rpc_err *e)
 static json_t *
 m_undrain(struct kvp_node *n, json_t *params, struct rpc_err *e)
 {
-	if (!no_params(params))
-		return fail_rpc(e, RPC_INVALID_PARAMS, "undrain takes no params");
+	if (!admin_no_params(params))
+		return admin_fail(e, RPC_INVALID_PARAMS, "undrain takes no params");
 	if (n->draining)
 		kvp_node_set_draining(n, false);
 	return drain_state(n);
@@ -588,11 +560,11 @@ m_config_get(struct kvp_node *n, json_t *params, struct rpc_err *e)
 	struct kvp_config_info info;
 
 	if (params && json_unpack(params, "{s?:s !}", "key", &key) < 0)
-		return fail_rpc(e, RPC_INVALID_PARAMS, "params: {\"key\": \"name\"} or none");
+		return admin_fail(e, RPC_INVALID_PARAMS, "params: {\"key\": \"name\"} or none");
 	if (key) {
 		json_t *o = conf_entry(n, key, true);
 
-		return o ? o : fail_rpc(e, RPC_INVALID_PARAMS, "unknown key '%.64s'", key);
+		return o ? o : admin_fail(e, RPC_INVALID_PARAMS, "unknown key '%.64s'", key);
 	}
 	json_t *arr = json_array();
 	for (unsigned i = 0; kvp_config_describe(i, &info) == 0; i++)
@@ -642,17 +614,17 @@ m_config_set(struct kvp_node *n, json_t *params, struct rpc_err *e)
 	char text[512], prev[512], why[256];
 
 	if (!params || json_unpack(params, "{s:s, s:o !}", "key", &key, "value", &val) < 0)
-		return fail_rpc(e, RPC_INVALID_PARAMS,
+		return admin_fail(e, RPC_INVALID_PARAMS,
 				"params: {\"key\": \"name\", \"value\": string|integer|boolean}");
 	if (value_text(val, text, sizeof(text)) < 0)
-		return fail_rpc(e, RPC_INVALID_PARAMS, "value: expected a string, integer or boolean");
+		return admin_fail(e, RPC_INVALID_PARAMS, "value: expected a string, integer or boolean");
 	if (kvp_config_get(&n->cfg, key, prev, sizeof(prev), NULL) < 0)
-		return fail_rpc(e, RPC_INVALID_PARAMS, "unknown key '%.64s'", key);
+		return admin_fail(e, RPC_INVALID_PARAMS, "unknown key '%.64s'", key);
 	int rc = kvp_config_set(&n->cfg, key, text, why, sizeof(why));
 	if (rc == -EPERM)
-		return fail_rpc(e, RPC_REFUSED, "%s", why);
+		return admin_fail(e, RPC_REFUSED, "%s", why);
 	if (rc < 0)
-		return fail_rpc(e, RPC_INVALID_PARAMS, "%s", why);
+		return admin_fail(e, RPC_INVALID_PARAMS, "%s", why);
 	config_applied(n, key);
 	KVP_LOG(NOTICE, core, "config_set %s: %s -> %s", key, prev, text);
 	json_t *o = conf_entry(n, key, false);
@@ -671,239 +643,15 @@ m_log_level(struct kvp_node *n, json_t *params, struct rpc_err *e)
 	char why[256];
 
 	if (params && json_unpack(params, "{s?:s !}", "level", &level) < 0)
-		return fail_rpc(e, RPC_INVALID_PARAMS, "params: {\"level\": \"name\"} or none");
+		return admin_fail(e, RPC_INVALID_PARAMS, "params: {\"level\": \"name\"} or none");
 	if (!level)
 		return json_pack("{s:s}", "level", prev);
 	if (kvp_config_set(&n->cfg, "log_level", level, why, sizeof(why)) < 0)
-		return fail_rpc(e, RPC_INVALID_PARAMS, "%s", why);
+		return admin_fail(e, RPC_INVALID_PARAMS, "%s", why);
 	config_applied(n, "log_level");
 	KVP_LOG(NOTICE, core, "log level %s -> %s", prev, kvp_log_level_name(n->cfg.log_level));
 	return json_pack("{s:s, s:s}", "level", kvp_log_level_name(n->cfg.log_level), "previous",
 			 prev);
-}
-
-/* ---- doctor: what this node runs on, and why ---- */
-
-static void
-check(json_t *checks, bool ok, const char *what, const char *fmt, ...)
-	__attribute__((format(printf, 4, 5)));
-
-static void
-check(json_t *checks, bool ok, const char *what, const char *fmt, ...)
-{
-	char detail[384];
-	va_list ap;
-
-	va_start(ap, fmt);
-	vsnprintf(detail, sizeof(detail), fmt, ap);
-	va_end(ap);
-	json_array_append_new(checks, json_pack("{s:s, s:s, s:s}", "check", what, "result",
-						ok ? "ok" : "warning", "detail", detail));
-}
-
-/* Worker lcores against the device-local CPUs of a device named @p what. */
-static void
-placement(const struct kvp_node *n, json_t *checks, const char *what,
-	  const struct kvp_topo_dev *d)
-{
-	if (d->pci[0] == '\0') {
-		check(checks, true, what,
-		      "virtual device (no PCI device): no placement to check");
-		return;
-	}
-	if (d->cpulist[0] == '\0') {
-		check(checks, true, what, "PCI %s: sysfs gives no local CPU list", d->pci);
-		return;
-	}
-	for (unsigned w = 0; w < n->nworkers; w++) {
-		unsigned lc = n->workers[w].lcore;
-		int cpu = rte_lcore_to_cpu_id((int)lc);
-
-		if (cpu >= 0 && kvp_topo_cpulist_has(d->cpulist, (unsigned)cpu))
-			check(checks, true, what,
-			      "PCI %s (NUMA %d): worker lcore %u (cpu %d) is device-local (%s)",
-			      d->pci, d->numa_node, lc, cpu, d->cpulist);
-		else
-			check(checks, false, what,
-			      "PCI %s (NUMA %d): worker lcore %u (cpu %d) is not device-local; "
-			      "pin workers to CPUs %s with EAL -l",
-			      d->pci, d->numa_node, lc, cpu, d->cpulist);
-	}
-}
-
-static json_t *
-netdev_json(const char *role, const char *addr, const char *ifname, int rc,
-	    const struct kvp_topo_dev *d)
-{
-	return json_pack("{s:s, s:s, s:s, s:s, s:i, s:s}", "role", role, "addr", addr, "iface",
-			 rc == 0 ? ifname : "?", "pci", d->pci[0] ? d->pci : "virtual",
-			 "numa_node", d->numa_node, "local_cpus", d->cpulist);
-}
-
-/* Two PCI devices share a PCIe switch when their sysfs paths share the parent bridge. */
-static bool
-same_switch(const char *pci_a, const char *pci_b)
-{
-	char a[512], b[512], pa[256], pb[256];
-
-	snprintf(pa, sizeof(pa), "/sys/bus/pci/devices/%s", pci_a);
-	snprintf(pb, sizeof(pb), "/sys/bus/pci/devices/%s", pci_b);
-	if (!realpath(pa, a) || !realpath(pb, b))
-		return false;
-	/* Drop the device and its own port: what remains is the switch above both. */
-	for (int k = 0; k < 2; k++) {
-		char *sa = strrchr(a, '/'), *sb = strrchr(b, '/');
-
-		if (!sa || !sb)
-			return false;
-		*sa = '\0';
-		*sb = '\0';
-	}
-	return strcmp(a, b) == 0 && strcmp(a, "/sys/devices") != 0;
-}
-
-/*
- * GPUs: driver, dma-buf and GPUDirect support, PCIe location, local CPUs,
- * rails behind the same switch, and the path each peer's GPU data takes.
- */
-static json_t *
-gpus_json(const struct kvp_node *n, json_t *checks)
-{
-	json_t *arr = json_array();
-	char what[64], bus[32];
-
-	if (n->ngpus <= 0) {
-		check(checks, true, "gpu", "GPU regions refused: %s", kvp_gpu_unavailable);
-		return arr;
-	}
-	for (int i = 0; i < n->ngpus && i < KVP_GPUS_MAX; i++) {
-		const struct kvp_gpu_info *g = &n->gpus[i];
-		struct kvp_topo_dev d;
-		json_t *pix = json_array();
-
-		/* The driver prints 00000000:19:00.0; sysfs names it 0000:19:00.0. */
-		snprintf(bus, sizeof(bus), "%s", strlen(g->pci) > 12 ? g->pci + strlen(g->pci) - 12
-								     : g->pci);
-		for (char *c = bus; *c; c++)
-			*c = (char)tolower((unsigned char)*c);
-		memset(&d, 0, sizeof(d));
-		d.numa_node = -1;
-		kvp_topo_pcidev(bus, &d);
-		for (unsigned r = 0; r < n->nrails && r < KVP_RAILS_MAX; r++)
-			if (n->rails[r].pci[0] && same_switch(bus, n->rails[r].pci))
-				json_array_append_new(pix, json_string(n->rails[r].dev));
-		snprintf(what, sizeof(what), "gpu %d", i);
-		placement(n, checks, what, &d);
-		check(checks, true, what,
-		      "%s at %s (CUDA driver %d): GPU data of every peer is staged through the pinned pool over "
-		      "tcp (%s); GPUDirect needs the RDMA transport (dma-buf %s, GPUDirect RDMA %s)",
-		      g->name, bus, n->cuda_driver, n->tops->name, g->dmabuf ? "supported" : "unsupported",
-		      g->gpudirect_rdma ? "supported" : "unsupported");
-		json_array_append_new(
-			arr, json_pack("{s:i, s:s, s:s, s:i, s:b, s:b, s:I, s:s, s:o, s:s}", "ordinal",
-				       i, "name", g->name, "pci", bus, "numa_node", d.numa_node,
-				       "dmabuf", g->dmabuf, "gpudirect_rdma", g->gpudirect_rdma,
-				       "memory_bytes", (json_int_t)g->total_mem, "local_cpus",
-				       d.cpulist, "pix_rails", pix, "path", "staging"));
-	}
-	return arr;
-}
-
-static json_t *
-doctor_json(struct kvp_node *n)
-{
-	json_t *checks = json_array(), *nets = json_array(), *rails = json_array(),
-	       *workers = json_array();
-	char ifname[64], addr[96], what[192];
-	struct kvp_topo_dev d;
-	int rc;
-
-	check(checks, true, "transport", "%s: %s", n->tops->name, n->transport_why);
-	if (n->rdma_ports < 0)
-		check(checks, true, "rdma", "no RDMA: %s", n->rdma_why);
-	for (unsigned i = 0; i < n->nrails && i < KVP_RAILS_MAX; i++) {
-		const struct kvp_rail_info *r = &n->rails[i];
-
-		kvp_topo_pcidev(r->pci, &d);
-		json_array_append_new(rails, json_pack("{s:s, s:i, s:b, s:s, s:i, s:s}", "dev",
-						       r->dev, "port", (int)r->port, "active",
-						       r->active, "pci", r->pci, "numa_node",
-						       r->numa_node, "local_cpus", d.cpulist));
-		snprintf(what, sizeof(what), "rail %s/%u", r->dev, r->port);
-		placement(n, checks, what, &d);
-	}
-	/* The interfaces that carry peer traffic: the listener's and each peer's route. */
-	memset(&d, 0, sizeof(d));
-	d.numa_node = -1;
-	rc = kvp_topo_iface_of_addr(n->cfg.listen_host, ifname, sizeof(ifname));
-	snprintf(addr, sizeof(addr), "%s:%u", n->cfg.listen_host, n->cfg.listen_port);
-	if (rc == 0) {
-		kvp_topo_netdev(ifname, &d);
-		snprintf(what, sizeof(what), "listen %s (%s)", addr, ifname);
-		placement(n, checks, what, &d);
-	}
-	json_array_append_new(nets, netdev_json("listen", addr, rc == -ENOENT ? "any" : ifname,
-						rc == -ENOENT ? 0 : rc, &d));
-	for (uint16_t p = 0; p < n->cfg.npeers; p++) {
-		const struct kvp_peer_conf *pc = &n->cfg.peers[p];
-
-		memset(&d, 0, sizeof(d));
-		d.numa_node = -1;
-		snprintf(addr, sizeof(addr), "%s:%u", pc->host, pc->port);
-		rc = kvp_topo_route_iface(pc->host, pc->port, ifname, sizeof(ifname));
-		if (rc == 0) {
-			kvp_topo_netdev(ifname, &d);
-			snprintf(what, sizeof(what), "route to %s (%s)", pc->node_id, ifname);
-			placement(n, checks, what, &d);
-		} else {
-			snprintf(what, sizeof(what), "route to %s", pc->node_id);
-			check(checks, false, what, "%s: no route found (%s)", addr, strerror(-rc));
-		}
-		json_array_append_new(nets, netdev_json(pc->node_id, addr, ifname, rc, &d));
-	}
-	for (unsigned w = 0; w < n->nworkers; w++) {
-		unsigned lc = n->workers[w].lcore;
-
-		json_array_append_new(workers, json_pack("{s:i, s:i, s:i}", "lcore", (int)lc, "cpu",
-							 rte_lcore_to_cpu_id((int)lc), "numa_node",
-							 (int)rte_lcore_to_socket_id(lc)));
-	}
-	json_t *gpus = gpus_json(n, checks);
-	return json_pack("{s:s, s:s, s:s, s:i, s:s, s:o, s:o, s:o, s:o, s:o}", "transport",
-			 n->tops->name, "transport_why", n->transport_why, "configured",
-			 n->cfg.transport == KVP_TRANSPORT_RDMA ? "rdma"
-			 : n->cfg.transport == KVP_TRANSPORT_AUTO ? "auto"
-								   : "tcp",
-			 "rdma_ports", n->rdma_ports, "rdma_why",
-			 n->rdma_ports < 0 ? n->rdma_why : "", "rails", rails, "network", nets,
-			 "workers", workers, "gpus", gpus, "checks", checks);
-}
-
-static json_t *
-m_doctor(struct kvp_node *n, json_t *params, struct rpc_err *e)
-{
-	if (!no_params(params))
-		return fail_rpc(e, RPC_INVALID_PARAMS, "doctor takes no params");
-	return doctor_json(n);
-}
-
-void
-kvp_node_log_doctor(struct kvp_node *n)
-{
-	json_t *d = doctor_json(n), *c;
-	size_t i;
-
-	json_array_foreach(json_object_get(d, "checks"), i, c)
-	{
-		const char *what = json_string_value(json_object_get(c, "check"));
-		const char *detail = json_string_value(json_object_get(c, "detail"));
-
-		if (strcmp(json_string_value(json_object_get(c, "result")), "ok") == 0)
-			KVP_LOG(INFO, core, "doctor: %s: %s", what, detail);
-		else
-			KVP_LOG(WARNING, core, "doctor: %s: %s", what, detail);
-	}
-	json_decref(d);
 }
 
 struct method {
@@ -924,7 +672,7 @@ static const struct method methods[] = {
 	{ "config_get", m_config_get },
 	{ "config_set", m_config_set },
 	{ "log_level", m_log_level },
-	{ "doctor", m_doctor },
+	{ "doctor", admin_doctor },
 };
 
 static size_t
@@ -1120,221 +868,4 @@ kvp_admin_close_all(struct kvp_node *n)
 	for (uint32_t i = 0; i < KVP_ADMIN_CONNS; i++)
 		if (n->admin[i].fd >= 0)
 			admin_close(n, &n->admin[i]);
-}
-
-/* ---- Prometheus text exposition ---- */
-
-struct pbuf {
-	char *p;
-	size_t len;
-	size_t cap;
-};
-
-static void __attribute__((format(printf, 2, 3)))
-pb(struct pbuf *b, const char *fmt, ...)
-{
-	va_list ap;
-	int w;
-
-	if (b->len >= b->cap)
-		return;
-	va_start(ap, fmt);
-	w = vsnprintf(b->p + b->len, b->cap - b->len, fmt, ap);
-	va_end(ap);
-	if (w > 0)
-		b->len = b->len + (size_t)w < b->cap ? b->len + (size_t)w : b->cap;
-}
-
-static void
-head(struct pbuf *b, const char *name, const char *type, const char *help)
-{
-	pb(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
-}
-
-/* One histogram series: buckets at the power-of-two bounds, cumulative, then sum and count. */
-static void
-hist_prom(struct pbuf *b, const struct kvp_node *n, const char *name, uint16_t peer, int ph)
-{
-	struct kvp_hist h;
-	uint64_t cum = 0;
-	char labels[160];
-
-	hist_of(n, peer, ph, &h);
-	snprintf(labels, sizeof(labels), "node=\"%s\",peer=\"%s\",transport=\"%s\",phase=\"%s\"",
-		 n->cfg.node_id, n->cfg.peers[peer].node_id, n->tops->name, kvp_hphase_name(ph));
-	for (unsigned i = 0; i < KVP_HIST_BUCKETS - 1; i++) {
-		uint64_t up = kvp_hist_upper(i);
-
-		cum += h.b[i];
-		if (up & (up - 1))
-			continue; /* exposed at powers of two; finer buckets feed the quantiles */
-		pb(b, "%s_bucket{%s,le=\"%.9g\"} %" PRIu64 "\n", name, labels, (double)up / 1e9, cum);
-	}
-	cum += h.b[KVP_HIST_BUCKETS - 1];
-	pb(b, "%s_bucket{%s,le=\"+Inf\"} %" PRIu64 "\n", name, labels, cum);
-	pb(b, "%s_sum{%s} %.9f\n", name, labels, (double)h.sum_ns / 1e9);
-	pb(b, "%s_count{%s} %" PRIu64 "\n", name, labels, cum);
-}
-
-size_t
-kvp_stats_prometheus(const struct kvp_node *n, char *out, size_t outlen)
-{
-	struct pbuf b = { out, 0, outlen ? outlen - 1 : 0 };
-	const char *node = n->cfg.node_id, *tr = n->tops->name;
-	struct totals t;
-
-	if (outlen == 0)
-		return 0;
-	gather(n, &t);
-	head(&b, "kvproxy_uptime_seconds", "gauge", "Seconds since kvproxyd started.");
-	/* The text is a snapshot: a series reads the same in every histogram line. */
-	pb(&b, "kvproxy_uptime_seconds{node=\"%s\"} %.3f\n", node, uptime_s(n));
-
-	static const struct {
-		const char *name, *help;
-		size_t off;
-	} pc[] = {
-		{ "kvproxy_peer_tx_bytes_total", "Payload bytes sent to the peer.",
-		  offsetof(struct kvp_peer_stats, tx_bytes) },
-		{ "kvproxy_peer_rx_bytes_total", "Payload bytes received from the peer.",
-		  offsetof(struct kvp_peer_stats, rx_bytes) },
-		{ "kvproxy_peer_tx_transfers_total", "Transfers sent to the peer and acknowledged.",
-		  offsetof(struct kvp_peer_stats, tx_xfers) },
-		{ "kvproxy_peer_rx_transfers_total", "Transfers from the peer landed here.",
-		  offsetof(struct kvp_peer_stats, rx_xfers) },
-		{ "kvproxy_peer_tx_frames_total", "Wire frames sent to the peer.",
-		  offsetof(struct kvp_peer_stats, tx_frames) },
-		{ "kvproxy_peer_rx_frames_total", "Wire frames received from the peer.",
-		  offsetof(struct kvp_peer_stats, rx_frames) },
-		{ "kvproxy_peer_bad_frames_total", "Malformed frames received from the peer.",
-		  offsetof(struct kvp_peer_stats, bad_frames) },
-		{ "kvproxy_peer_connection_errors_total", "Connections to or from the peer lost.",
-		  offsetof(struct kvp_peer_stats, conn_errors) },
-	};
-	for (size_t k = 0; k < sizeof(pc) / sizeof(pc[0]); k++) {
-		head(&b, pc[k].name, "counter", pc[k].help);
-		for (uint16_t i = 0; i < n->cfg.npeers; i++)
-			pb(&b, "%s{node=\"%s\",peer=\"%s\",transport=\"%s\"} %" PRIu64 "\n",
-			   pc[k].name, node, n->cfg.peers[i].node_id, tr,
-			   *(const uint64_t *)((const char *)&t.peer[i] + pc[k].off));
-	}
-	head(&b, "kvproxy_peer_up", "gauge", "1 if the outgoing connection to the peer is up.");
-	for (uint16_t i = 0; i < n->cfg.npeers; i++)
-		pb(&b, "kvproxy_peer_up{node=\"%s\",peer=\"%s\"} %d\n", node,
-		   n->cfg.peers[i].node_id, n->peers[i].out_state == KVP_LINK_UP);
-	head(&b, "kvproxy_completions_total", "counter", "Transfers ended on this node, by status.");
-	for (int c = 0; c < KVP_STATUS_MAX; c++)
-		pb(&b, "kvproxy_completions_total{node=\"%s\",status=\"%s\"} %" PRIu64 "\n", node,
-		   kvp_status_str(c), t.completions[c]);
-	head(&b, "kvproxy_transfers_submitted_total", "counter", "Transfers picked up from clients.");
-	pb(&b, "kvproxy_transfers_submitted_total{node=\"%s\"} %" PRIu64 "\n", node, t.submitted);
-	head(&b, "kvproxy_transfers_landed_total", "counter", "Transfers landed into local regions.");
-	pb(&b, "kvproxy_transfers_landed_total{node=\"%s\"} %" PRIu64 "\n", node, t.landed);
-	head(&b, "kvproxy_transfers_inflight", "gauge", "Transfers in flight.");
-	pb(&b, "kvproxy_transfers_inflight{node=\"%s\"} %u\n", node, t.inflight);
-	head(&b, "kvproxy_transfers_inflight_max", "gauge", "Transfer slots (limits.max_inflight).");
-	pb(&b, "kvproxy_transfers_inflight_max{node=\"%s\"} %u\n", node,
-	   n->cfg.max_inflight * n->nworkers);
-	head(&b, "kvproxy_transfers_inflight_high_water", "gauge", "Most transfer slots in use at once.");
-	pb(&b, "kvproxy_transfers_inflight_high_water{node=\"%s\"} %" PRIu64 "\n", node, t.hwm);
-	head(&b, "kvproxy_staging_buffers", "gauge", "Staging buffers in the pool.");
-	pb(&b, "kvproxy_staging_buffers{node=\"%s\"} %" PRIu64 "\n", node, t.stage_bufs);
-	head(&b, "kvproxy_staging_buffers_in_use", "gauge", "Staging buffers held by transfers.");
-	pb(&b, "kvproxy_staging_buffers_in_use{node=\"%s\"} %" PRIu64 "\n", node, t.stage_used);
-	head(&b, "kvproxy_staging_buffers_high_water", "gauge", "Most staging buffers in use at once.");
-	pb(&b, "kvproxy_staging_buffers_high_water{node=\"%s\"} %" PRIu64 "\n", node, t.stage_hwm);
-	head(&b, "kvproxy_staging_waits_total", "counter", "Times a frame waited for a staging buffer.");
-	pb(&b, "kvproxy_staging_waits_total{node=\"%s\"} %" PRIu64 "\n", node, t.stage_waits);
-	head(&b, "kvproxy_clients", "gauge", "Connected clients.");
-	pb(&b, "kvproxy_clients{node=\"%s\"} %u\n", node, n->nclients);
-	head(&b, "kvproxy_regions", "gauge", "Registered regions.");
-	pb(&b, "kvproxy_regions{node=\"%s\"} %u\n", node, n->regions.used);
-	head(&b, "kvproxy_bad_handshakes_total", "counter", "Peer handshakes refused or failed.");
-	pb(&b, "kvproxy_bad_handshakes_total{node=\"%s\"} %" PRIu64 "\n", node, n->bad_handshakes);
-	head(&b, "kvproxy_auth_failures_total", "counter", "Peers refused for failed authentication.");
-	pb(&b, "kvproxy_auth_failures_total{node=\"%s\"} %" PRIu64 "\n", node, n->auth_failures);
-	head(&b, "kvproxy_worker_busy_seconds_total", "counter", "Time worker loops found work.");
-	for (unsigned w = 0; w < n->nworkers; w++)
-		pb(&b, "kvproxy_worker_busy_seconds_total{node=\"%s\",lcore=\"%u\"} %.6f\n", node,
-		   n->workers[w].lcore, (double)KVP_STAT_READ(n->workers[w].stats.busy_ns) / 1e9);
-	head(&b, "kvproxy_worker_idle_seconds_total", "counter", "Time worker loops found none.");
-	for (unsigned w = 0; w < n->nworkers; w++)
-		pb(&b, "kvproxy_worker_idle_seconds_total{node=\"%s\",lcore=\"%u\"} %.6f\n", node,
-		   n->workers[w].lcore, (double)KVP_STAT_READ(n->workers[w].stats.idle_ns) / 1e9);
-	head(&b, "kvproxy_worker_sleeps_total", "counter", "Times a worker blocked when idle.");
-	for (unsigned w = 0; w < n->nworkers; w++)
-		pb(&b, "kvproxy_worker_sleeps_total{node=\"%s\",lcore=\"%u\"} %" PRIu64 "\n", node,
-		   n->workers[w].lcore, KVP_STAT_READ(n->workers[w].stats.sleeps));
-	head(&b, "kvproxy_draining", "gauge", "1 while the node refuses new submissions (drain).");
-	pb(&b, "kvproxy_draining{node=\"%s\"} %d\n", node, n->draining);
-	head(&b, "kvproxy_drain_refused_total", "counter",
-	     "Submissions refused with status shutdown while draining.");
-	pb(&b, "kvproxy_drain_refused_total{node=\"%s\"} %" PRIu64 "\n", node, t.drain_refused);
-	head(&b, "kvproxy_deadline_misses_total", "counter", "Transfers that ended after their deadline.");
-	pb(&b, "kvproxy_deadline_misses_total{node=\"%s\"} %" PRIu64 "\n", node, t.deadline_misses);
-	head(&b, "kvproxy_stats_enabled", "gauge", "1 if phase histograms are collected (stats.enabled).");
-	pb(&b, "kvproxy_stats_enabled{node=\"%s\"} %d\n", node, n->cfg.stats_enabled);
-	head(&b, "kvproxy_send_phase_seconds", "histogram",
-	     "Phases of successful transfers sent to the peer: queue, admit, first_byte, send, "
-	     "wire, deliver add up to total.");
-	for (uint16_t p = 0; p < n->cfg.npeers; p++)
-		for (int ph = 0; ph < KVP_HP_TX_MAX; ph++)
-			hist_prom(&b, n, "kvproxy_send_phase_seconds", p, ph);
-	head(&b, "kvproxy_receive_phase_seconds", "histogram",
-	     "Phases of transfers received from the peer: receive (first byte to last byte "
-	     "landed), deliver (landed to notice posted).");
-	for (uint16_t p = 0; p < n->cfg.npeers; p++)
-		for (int ph = KVP_HP_TX_MAX; ph < KVP_HP_MAX; ph++)
-			hist_prom(&b, n, "kvproxy_receive_phase_seconds", p, ph);
-	out[b.len] = '\0';
-	return b.len;
-}
-
-int
-kvp_stats_write_file(struct kvp_node *n)
-{
-	const char *path = n->cfg.stats_file;
-	char tmp[sizeof(n->cfg.stats_file) + 16];
-	size_t len, off = 0;
-	int fd, rc = 0;
-
-	if (path[0] == '\0')
-		return -ENOENT;
-	len = kvp_stats_prometheus(n, n->stats_buf, KVP_STATS_TEXT_MAX);
-	/* Same directory, then rename: a collector never reads half a file. */
-	snprintf(tmp, sizeof(tmp), "%s.%d.tmp", path, (int)getpid());
-	fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-	if (fd < 0) {
-		rc = -errno;
-		goto err;
-	}
-	while (off < len) {
-		ssize_t w = write(fd, n->stats_buf + off, len - off);
-
-		if (w < 0 && errno == EINTR)
-			continue;
-		if (w <= 0) {
-			rc = w < 0 ? -errno : -EIO;
-			close(fd);
-			goto err_unlink;
-		}
-		off += (size_t)w;
-	}
-	if (close(fd) < 0) {
-		rc = -errno;
-		goto err_unlink;
-	}
-	if (rename(tmp, path) < 0) {
-		rc = -errno;
-		goto err_unlink;
-	}
-	n->stats_writes++;
-	return 0;
-
-err_unlink:
-	unlink(tmp);
-err:
-	n->stats_write_errors++;
-	KVP_LOG_RL(WARNING, core, "stats file %s: %s", path, strerror(-rc));
-	return rc;
 }

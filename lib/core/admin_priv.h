@@ -1,0 +1,57 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/* Admin internals shared by admin.c (JSON-RPC, methods), doctor.c and prom.c. */
+#ifndef ADMIN_PRIV_H
+#define ADMIN_PRIV_H
+
+#include <jansson.h>
+
+#include "kvp_core.h"
+
+#define RPC_PARSE_ERROR	     -32700
+#define RPC_INVALID_REQUEST  -32600
+#define RPC_METHOD_NOT_FOUND -32601
+#define RPC_INVALID_PARAMS   -32602
+#define RPC_INTERNAL_ERROR   -32603
+/* Application errors (JSON-RPC reserves -32000..-32099 for servers). */
+#define RPC_REFUSED -32001 /* a well-formed request the node will not carry out */
+
+/* Why a method returned no result: code and message of the JSON-RPC error. */
+struct rpc_err {
+	int code;
+	char msg[256];
+};
+
+/* Totals across workers, read with relaxed loads. */
+struct totals {
+	struct kvp_peer_stats peer[KVP_PEERS_MAX];
+	struct kvp_peer_stats all;
+	uint64_t completions[KVP_STATUS_MAX];
+	uint64_t submitted;
+	uint64_t landed;
+	uint64_t done;
+	uint64_t hwm;
+	uint64_t stage_bufs;
+	uint64_t stage_used;
+	uint64_t stage_hwm;
+	uint64_t stage_waits;
+	uint64_t drain_refused;
+	uint64_t deadline_misses;
+	uint32_t inflight;
+};
+
+/** Record a JSON-RPC error for a method; @return NULL (the method's result). */
+json_t *admin_fail(struct rpc_err *e, int code, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+/** Sum the workers' counters. */
+void admin_gather(const struct kvp_node *n, struct totals *t);
+double admin_uptime_s(const struct kvp_node *n);
+unsigned admin_peers_up(const struct kvp_node *n);
+/** No params, or an empty object/array. */
+bool admin_no_params(json_t *params);
+/** Histogram of (peer, phase) summed over the workers. */
+void admin_hist_of(const struct kvp_node *n, uint16_t peer, int phase, struct kvp_hist *h);
+uint64_t admin_gpu_region_bytes(const struct kvp_node *n);
+/** The doctor method (doctor.c). */
+json_t *admin_doctor(struct kvp_node *n, json_t *params, struct rpc_err *e);
+
+#endif /* ADMIN_PRIV_H */
