@@ -489,9 +489,9 @@ cmd_hold(const struct opts *o)
 		die(2, "hold needs --key-file, --stop-file and --size");
 	signal(SIGTERM, on_term);
 	conn_open(&c, o->sock);
-	uint8_t *p = region_alloc(o->size, &fd);
 	if (o->truncate)
 		return shrink_attack(&c, o);
+	uint8_t *p = region_alloc(o->size, &fd);
 	uint8_t *copy = malloc(o->size);
 	if (!copy)
 		die(99, "out of memory");
@@ -503,15 +503,6 @@ cmd_hold(const struct opts *o)
 	if (!f || fprintf(f, "0x%016" PRIx64 "\n", key) < 0 || fclose(f) != 0 ||
 	    rename(tmp, o->key_file) != 0)
 		die(99, "key file: %s", strerror(errno));
-	if (o->truncate) {
-		/* Registered at full size; the file is now empty under the daemon's mapping. */
-		if (ftruncate(fd, 0) < 0)
-			die(99, "ftruncate: %s", strerror(errno));
-		printf("rogue_client hold: region 0x%016" PRIx64 " truncated to 0 bytes\n", key);
-		while (!stop && access(o->stop_file, F_OK) != 0)
-			usleep(20000);
-		return 0;
-	}
 	uint64_t deadline = now_ms() + (uint64_t)(o->timeout_s * 1000);
 	while (!stop && access(o->stop_file, F_OK) != 0 && now_ms() < deadline)
 		usleep(20000);
@@ -527,6 +518,7 @@ cmd_hold(const struct opts *o)
 	else
 		printf("rogue_client hold: region 0x%016" PRIx64 " intact (%" PRIu64 " bytes)\n",
 		       key, o->size);
+	free(copy);
 	return diff ? 1 : 0;
 }
 
