@@ -6,7 +6,6 @@
  * breaks the protocol is disconnected and its resources reclaimed.
  */
 #include <errno.h>
-#include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -138,14 +137,6 @@ err_sys:
 	free(ch);
 }
 
-static bool
-shrink_sealed(int fd)
-{
-	int seals = fcntl(fd, F_GET_SEALS);
-
-	return seals >= 0 && (seals & F_SEAL_SHRINK);
-}
-
 static void
 reg_gpu(struct kvp_node *n, struct kvp_client_conn *c, const struct kvp_ctrl_req *req,
 	struct kvp_ctrl_rep *rep, int fd)
@@ -204,12 +195,6 @@ do_reg(struct kvp_node *n, struct kvp_client_conn *c, const struct kvp_ctrl_req 
 		reg_gpu(n, c, req, rep, fd);
 	} else if (fd < 0) {
 		rep_error(rep, -EBADF, "REG needs the region's fd attached");
-	} else if (!shrink_sealed(fd)) {
-		/* A file that can shrink under our mapping would kill us with SIGBUS. */
-		rep_error(rep, -EPERM,
-			  "the region fd must be a memfd sealed against shrinking "
-			  "(memfd_create(MFD_ALLOW_SEALING) + fcntl(F_ADD_SEALS, F_SEAL_SHRINK); "
-			  "kvp_host_alloc() does this)");
 	} else {
 		uint32_t flags = req->u.reg.flags;
 
@@ -220,7 +205,13 @@ do_reg(struct kvp_node *n, struct kvp_client_conn *c, const struct kvp_ctrl_req 
 			flags |= KVP_REGION_F_STAGE;
 		rc = kvp_region_add(&n->regions, c->id, fd, req->u.reg.fd_offset, req->u.reg.len,
 				    flags, &rep->u.reg.key);
-		if (rc == -ENOSPC)
+		if (rc == -EPERM)
+			/* kvp_region_add() refuses files that could shrink under the mapping (SIGBUS). */
+			rep_error(rep, rc,
+				  "the region fd must be a memfd sealed against shrinking "
+				  "(memfd_create(MFD_ALLOW_SEALING) + fcntl(F_ADD_SEALS, F_SEAL_SHRINK); "
+				  "kvp_host_alloc() does this)");
+		else if (rc == -ENOSPC)
 			rep_error(rep, rc, "region table full (limits.max_regions = %u)",
 				  n->cfg.max_regions);
 		else if (rc == -EINVAL)
