@@ -31,6 +31,8 @@ static char transport_why[256];
 static int rdma_ports = -ENOSYS;
 static char rdma_why[160] = "not probed (transport = tcp)";
 static struct kvp_gdr_rail rails[KVP_RAILS_MAX];
+static struct kvp_gdr_rail_use rails_used[KVP_WIRE_RAILS_MAX];
+static int nrails_used;
 
 static void
 free_eal_argv(void)
@@ -78,24 +80,24 @@ pick_transport(const struct kvp_config *cfg)
 	}
 	n = kvp_gdr_probe(rails, KVP_RAILS_MAX, why, sizeof(why));
 	rdma_ports = n;
+	if (n >= 0)
+		n = kvp_gdr_open(cfg, rails_used, why, sizeof(why));
 	snprintf(rdma_why, sizeof(rdma_why), "%s", n < 0 ? why : "");
+	if (n > 0) {
+		nrails_used = n;
+		snprintf(transport_why, sizeof(transport_why),
+			 "transport = \"%s\": %d RDMA rail(s) in use; transfers that cannot go by "
+			 "RDMA take the TCP staging path",
+			 cfg->transport == KVP_TRANSPORT_AUTO ? "auto" : "rdma", n);
+		return &kvp_rdma_ops;
+	}
 	if (cfg->transport == KVP_TRANSPORT_AUTO) {
-		if (n < 0)
-			snprintf(transport_why, sizeof(transport_why),
-				 "transport = \"auto\" and no usable RDMA device: %s", why);
-		else
-			snprintf(transport_why, sizeof(transport_why),
-				 "transport = \"auto\": %d RDMA port(s) found, but the RDMA "
-				 "transport is not available in this build",
-				 n);
+		snprintf(transport_why, sizeof(transport_why),
+			 "transport = \"auto\" and no usable RDMA: %s", why);
 		KVP_LOG(NOTICE, app, "transport auto: using tcp (%s)", transport_why);
 		return &kvp_tcp_stage_ops;
 	}
-	if (n < 0)
-		KVP_LOG(ERR, app, "transport rdma: %s", why);
-	else
-		KVP_LOG(ERR, app, "transport rdma: not available in this build (%d port(s) found)",
-			n);
+	KVP_LOG(ERR, app, "transport rdma: %s", why);
 	return NULL;
 }
 
@@ -210,6 +212,7 @@ main(int argc, char **argv)
 	/* The data path runs on one worker lcore; connections and clients all live there. */
 	if (kvp_node_init(&node, &cfg, tops, 1, err, sizeof(err)) < 0) {
 		fprintf(stderr, "kvproxyd: %s\n", err);
+		kvp_gdr_close();
 		rte_eal_cleanup();
 		return 1;
 	}
@@ -224,6 +227,19 @@ main(int argc, char **argv)
 		r->active = rails[i].state == 4; /* IBV_PORT_ACTIVE */
 		r->numa_node = rails[i].numa_node;
 		snprintf(r->pci, sizeof(r->pci), "%.31s", rails[i].pci);
+		r->rail = -1;
+		r->gid_index = -1;
+		r->mtu = 128 << rails[i].active_mtu;
+		for (int u = 0; u < nrails_used; u++) {
+			if (strcmp(rails_used[u].dev, r->dev) == 0 && rails_used[u].port == r->port) {
+				r->rail = u;
+				r->gid_index = rails_used[u].gid_index;
+			}
+		}
+	}
+	if (nrails_used > 0) {
+		node.rail_pause = kvp_gdr_rail_pause;
+		node.mr_stats = kvp_gdr_mr_stats();
 	}
 	node.cuda_driver = kvp_cuda_driver_version();
 	node.ngpus = ngpu;
@@ -251,6 +267,7 @@ main(int argc, char **argv)
 	if (ret < 0) {
 		fprintf(stderr, "kvproxyd: cannot launch worker on lcore %u\n", lcore);
 		kvp_node_fini(&node);
+		kvp_gdr_close();
 		rte_eal_cleanup();
 		return 1;
 	}
@@ -273,6 +290,7 @@ main(int argc, char **argv)
 	kvp_node_stop_workers(&node);
 	rte_eal_mp_wait_lcore();
 	kvp_node_fini(&node);
+	kvp_gdr_close(); /* after the regions' registrations went with the node */
 	rte_eal_cleanup();
 	return 0;
 }

@@ -274,11 +274,11 @@ m_stats(struct kvp_node *n, json_t *params, struct rpc_err *e)
 				  (json_int_t)n->cfg.stage_buf, "in_use", (json_int_t)t.stage_used,
 				  "high_water", (json_int_t)t.stage_hwm, "waits",
 				  (json_int_t)t.stage_waits, "host", n->cfg.stage_host);
-	return json_pack("{s:s, s:f, s:s, s:o, s:o, s:o, s:o, s:o, s:o, s:i, s:o}", "node_id",
+	return json_pack("{s:s, s:f, s:s, s:o, s:o, s:o, s:o, s:o, s:o, s:i, s:o, s:o}", "node_id",
 			 n->cfg.node_id, "admin_uptime_s", admin_uptime_s(n), "transport", n->tops->name,
 			 "totals", totals, "completions", comp, "staging", stage, "peers", peers,
 			 "clients", clients_json(n), "workers", workers, "regions",
-			 (int)n->regions.used, "latency", latency_json(n));
+			 (int)n->regions.used, "latency", latency_json(n), "rdma", admin_rdma_json(n));
 }
 
 static json_t *
@@ -673,6 +673,9 @@ static const struct method methods[] = {
 	{ "config_set", m_config_set },
 	{ "log_level", m_log_level },
 	{ "doctor", admin_doctor },
+	{ "rails", admin_rails },
+	{ "rail_pause", admin_rail_pause },
+	{ "rail_resume", admin_rail_resume },
 };
 
 static size_t

@@ -51,6 +51,16 @@ bool admin_no_params(json_t *params);
 /** Histogram of (peer, phase) summed over the workers. */
 void admin_hist_of(const struct kvp_node *n, uint16_t peer, int phase, struct kvp_hist *h);
 uint64_t admin_gpu_region_bytes(const struct kvp_node *n);
+/** RDMA rails (rails.c): per-rail counters summed over the workers. */
+void admin_rail_totals(const struct kvp_node *n, struct kvp_rail_stats *r, uint64_t *wc_err,
+		       uint64_t *xfers, uint64_t *fallbacks);
+/** Name of an ibv_wc_status value ("retry_exc_err", ...). */
+const char *admin_wc_status_name(unsigned st);
+/** The "rdma" object of stats (null without RDMA). */
+json_t *admin_rdma_json(const struct kvp_node *n);
+json_t *admin_rails(struct kvp_node *n, json_t *params, struct rpc_err *e);
+json_t *admin_rail_pause(struct kvp_node *n, json_t *params, struct rpc_err *e);
+json_t *admin_rail_resume(struct kvp_node *n, json_t *params, struct rpc_err *e);
 /** The doctor method (doctor.c). */
 json_t *admin_doctor(struct kvp_node *n, json_t *params, struct rpc_err *e);
 

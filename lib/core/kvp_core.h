@@ -128,6 +128,19 @@ struct kvp_config {
 
 	char auth_secret[256]; /**< shared secret; empty = peers are not authenticated */
 
+	/* RDMA transport (lib/gdr). */
+	char rdma_devices[256];	   /**< "dev[:port],..." rails to use; "" = every active port */
+	char rdma_gid[16];	   /**< "auto" (RoCE v2 of the listen address family) or an index */
+	uint32_t rdma_qps_per_rail; /**< RC QPs per (peer, rail) and direction */
+	uint32_t rdma_sq_depth;	   /**< send WRs outstanding per QP */
+	uint32_t rdma_rq_depth;	   /**< receive WRs posted per QP (WRITE_WITH_IMM notices) */
+	uint32_t rdma_inline;	   /**< writes up to this size go inline */
+	uint32_t rdma_chunk;	   /**< striping unit: larger segments are split across rails */
+	uint32_t rdma_window;	   /**< bytes of WRITEs outstanding per QP */
+	uint32_t rdma_signal_every; /**< request a completion at least every N WRs */
+	uint32_t rdma_timeout;	   /**< QP ack timeout exponent (4.096 us * 2^N) */
+	uint32_t rdma_retry;	   /**< QP retry count */
+
 	bool stats_enabled;	    /**< phase histograms and slowest transfers [runtime] */
 	char stats_file[256];	    /**< Prometheus text file written periodically; "" = none */
 	uint32_t stats_interval_ms; /**< period of the stats file; 0 = only on SIGUSR1 */
@@ -218,7 +231,38 @@ struct kvp_region {
 	size_t map_len;
 	int device;   /**< CUDA device of a GPU region */
 	void *cookie; /**< GPU import, released through kvp_memops->release */
+	void *xp;     /**< transport registration (RDMA memory regions), NULL if none */
 };
+
+/**
+ * Registration hooks a transport installs to register regions with its
+ * hardware once, when they are added (main lcore), not on the data path.
+ */
+struct kvp_region_hooks {
+	void *arg;
+	/**
+	 * A region is about to be published. Failure is not fatal: the hook
+	 * leaves r->xp NULL and the region's data takes the staging path.
+	 */
+	void (*on_add)(void *arg, struct kvp_region *r, uint32_t slot);
+	/** The region is about to be unmapped (no transfer uses it any more). */
+	void (*on_remove)(void *arg, struct kvp_region *r, uint32_t slot);
+};
+
+/** Registration counters a transport keeps (main lcore writes, readers relaxed). */
+struct kvp_mr_stats {
+	uint64_t regs;	   /**< memory regions registered */
+	uint64_t failures; /**< regions left unregistered (their data is staged) */
+	uint64_t dmabuf;   /**< of regs, GPU memory through dma-buf */
+	uint64_t peermem;  /**< of regs, GPU memory through peer memory (device pointer) */
+	uint64_t deregs;
+	uint64_t reg_ns;   /**< total time spent registering */
+	uint64_t reg_max_ns;
+	char last_error[128];
+};
+
+/** Hooks in force (NULL: none). Set before the first region is added. */
+extern const struct kvp_region_hooks *kvp_region_hooks;
 
 /** Internal region flag: data moves through the staging pool, never zero-copy. */
 #define KVP_REGION_F_STAGE 0x80000000u
@@ -249,6 +293,17 @@ struct kvp_memops {
 		      uint64_t len, uint64_t *dptr, void **cookie, char *why, size_t whylen);
 	/** Undo import(). */
 	void (*release)(void *cookie);
+	/**
+	 * Export GPU region @p r as a dma-buf for RDMA registration (optional).
+	 * @return 0 with *fd (the caller closes it) and *offset of r->base in
+	 *   the buffer; negative errno when the driver cannot
+	 */
+	int (*dmabuf_fd)(const struct kvp_region *r, int *fd, uint64_t *offset);
+	/**
+	 * Make RDMA writes into GPU memory of @p device visible to the GPU
+	 * before the data is reported landed (optional). @return 0 or negative errno
+	 */
+	int (*flush_writes)(int device);
 };
 
 /** Why GPU regions are refused on this node (set at start when CUDA is unusable). */
@@ -344,7 +399,55 @@ enum kvp_wire_type {
 	KVP_W_ABORT,	 /**< sender gave up on tag; receiver forgets it */
 	KVP_W_PING,	 /**< liveness; answered by PONG */
 	KVP_W_PONG,
+	/* RDMA transport control, over the same TCP connections (lib/gdr). */
+	KVP_W_RDMA_QP,	  /**< sender -> receiver: connect this QP (struct kvp_wire_qp) */
+	KVP_W_RDMA_QP_OK, /**< receiver -> sender: its end of the QP (struct kvp_wire_qp) */
+	KVP_W_RDMA_REQ,	  /**< sender -> receiver: grant key; off = bytes, aux = user_id,
+			       aux2 = nseg, rsvd = destination regions in this transfer */
+	KVP_W_RDMA_GRANT, /**< receiver -> sender: struct kvp_wire_grant for key */
+	KVP_W_RDMA_RESET, /**< either way: QP slot aux (generation aux2) failed; rebuild it */
 	KVP_W_TYPE_MAX
+};
+
+#define KVP_WIRE_RAILS_MAX 8 /**< rails a node may offer to one peer */
+#define KVP_RESET_NO_RDMA  1u /**< RDMA_RESET rsvd: this node has no RDMA; send over TCP */
+
+/** Payload of RDMA_QP and RDMA_QP_OK: one end of an RC queue pair. */
+struct kvp_wire_qp {
+	uint8_t gid[16];
+	uint32_t qpn;
+	uint32_t psn;
+	uint32_t gen;	  /**< the sender's generation of this QP slot (echoed) */
+	uint16_t lid;
+	uint8_t slot;	  /**< QP slot among the sender's QPs to this peer */
+	uint8_t rail;	  /**< rail (local to the frame's sender) the QP lives on */
+	uint8_t nrails;	  /**< rails of the frame's sender */
+	uint8_t mtu;	  /**< IBV_MTU_* of the port */
+	uint8_t status;	  /**< QP_OK: 0, or 1 when the receiver could not build its end */
+	uint8_t link_layer;
+	uint32_t rsvd;
+};
+
+static_assert(sizeof(struct kvp_wire_qp) == 40, "wire ABI");
+
+/** Payload of RDMA_GRANT: where the sender may write, per receiver rail. */
+struct kvp_wire_grant {
+	uint64_t addr; /**< region base as the receiver's NIC sees it */
+	uint64_t len;  /**< region length */
+	uint32_t imm;  /**< WRITE_WITH_IMM value that completes the transfer */
+	uint8_t status; /**< enum kvp_grant_status */
+	uint8_t nrails;
+	uint16_t rsvd;
+	uint32_t rkey[KVP_WIRE_RAILS_MAX];
+};
+
+static_assert(sizeof(struct kvp_wire_grant) == 56, "wire ABI");
+
+enum kvp_grant_status {
+	KVP_GRANT_OK = 0,
+	KVP_GRANT_NOREGION, /**< unknown region: the transfer fails (remote refusal) */
+	KVP_GRANT_NOMR,	    /**< region not registered for RDMA: the sender stages it over TCP */
+	KVP_GRANT_BUSY,	    /**< no grant slot free: the sender stages it over TCP */
 };
 
 struct kvp_wire_hdr {
@@ -410,6 +513,18 @@ struct kvp_peer_stats {
 	uint64_t conn_errors;
 };
 
+/** Per-rail counters of the RDMA transport. */
+struct kvp_rail_stats {
+	uint64_t tx_bytes;  /**< bytes written to peers through this rail */
+	uint64_t tx_wrs;    /**< RDMA WRITEs posted */
+	uint64_t rx_imms;   /**< transfers completed here (WRITE_WITH_IMM received) */
+	uint64_t qps_up;    /**< send QPs connected now */
+	uint64_t qp_resets; /**< QPs torn down after an error and rebuilt */
+	uint64_t wc_errors;
+};
+
+#define KVP_WC_STATUS_MAX 24 /**< ibv_wc_status values counted (IBV_WC_TM_RNDV_INCOMPLETE + 1) */
+
 struct kvp_worker_stats {
 	uint64_t loops;
 	uint64_t busy_ns;
@@ -427,6 +542,12 @@ struct kvp_worker_stats {
 	uint64_t deadline_misses; /**< transfers that ended after their deadline */
 	uint64_t completions[KVP_STATUS_MAX];
 	struct kvp_peer_stats peer[KVP_PEERS_MAX];
+	/* RDMA transport. */
+	uint64_t rdma_xfers;	 /**< transfers sent by RDMA (the rest went over TCP) */
+	uint64_t rdma_fallbacks; /**< transfers that took TCP although RDMA was up */
+	uint64_t rdma_grant_waits; /**< transfers that waited for the receiver's grant */
+	struct kvp_rail_stats rail[KVP_WIRE_RAILS_MAX];
+	uint64_t wc_errors[KVP_WC_STATUS_MAX]; /**< work-completion errors by ibv_wc_status */
 };
 
 /*
@@ -863,6 +984,10 @@ struct kvp_rail_info {
 	bool active;
 	int numa_node; /**< -1 if unknown */
 	char pci[32];  /**< "" if unknown */
+	int rail;      /**< index among the RDMA transport's rails, -1 if it does not use the port */
+	int gid_index; /**< GID the transport uses on it, -1 if none */
+	int mtu;       /**< active MTU in bytes */
+	bool paused;   /**< rail_pause: no new writes go through it */
 };
 
 #define KVP_RAILS_MAX 16
@@ -916,6 +1041,10 @@ struct kvp_node {
 	char rdma_why[160];	 /**< the probe's reason when it found nothing */
 	unsigned nrails;
 	struct kvp_rail_info rails[KVP_RAILS_MAX];
+	/** Pause or resume an RDMA rail (NULL without the RDMA transport). @return 0, -ENOENT */
+	int (*rail_pause)(unsigned rail, bool pause);
+	/** RDMA memory registrations so far (main lcore; NULL without RDMA). */
+	const struct kvp_mr_stats *mr_stats;
 	int cuda_driver;	 /**< CUDA driver version, 0 if none */
 	int ngpus;		 /**< GPUs found, or -errno (kvp_gpu_unavailable says why) */
 	struct kvp_gpu_info gpus[KVP_GPUS_MAX];

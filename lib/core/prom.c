@@ -70,6 +70,74 @@ hist_prom(struct pbuf *b, const struct kvp_node *n, const char *name, uint16_t p
 	pb(b, "%s_count{%s} %" PRIu64 "\n", name, labels, cum);
 }
 
+/* RDMA: per-rail traffic (the KV route without reading NIC counters), QPs, WC errors, MRs. */
+static void
+prom_rails(const struct kvp_node *n, struct pbuf *b)
+{
+	struct kvp_rail_stats r[KVP_WIRE_RAILS_MAX];
+	uint64_t wc[KVP_WC_STATUS_MAX], xfers, fallbacks;
+	const char *node = n->cfg.node_id;
+	static const struct {
+		const char *name, *type, *help;
+		size_t off;
+	} rc[] = {
+		{ "kvproxy_rail_tx_bytes_total", "counter", "Bytes written to peers through the rail.",
+		  offsetof(struct kvp_rail_stats, tx_bytes) },
+		{ "kvproxy_rail_tx_writes_total", "counter", "RDMA WRITEs posted on the rail.",
+		  offsetof(struct kvp_rail_stats, tx_wrs) },
+		{ "kvproxy_rail_rx_notices_total", "counter", "Transfers completed here through the rail.",
+		  offsetof(struct kvp_rail_stats, rx_imms) },
+		{ "kvproxy_rail_qps_up", "gauge", "Send queue pairs connected on the rail.",
+		  offsetof(struct kvp_rail_stats, qps_up) },
+		{ "kvproxy_rail_qp_resets_total", "counter", "Queue pairs torn down and rebuilt.",
+		  offsetof(struct kvp_rail_stats, qp_resets) },
+		{ "kvproxy_rail_wc_errors_total", "counter", "Work-completion errors on the rail.",
+		  offsetof(struct kvp_rail_stats, wc_errors) },
+	};
+
+	if (!n->rail_pause)
+		return;
+	admin_rail_totals(n, r, wc, &xfers, &fallbacks);
+	for (size_t k = 0; k < sizeof(rc) / sizeof(rc[0]); k++) {
+		head(b, rc[k].name, rc[k].type, rc[k].help);
+		for (unsigned i = 0; i < n->nrails && i < KVP_RAILS_MAX; i++) {
+			const struct kvp_rail_info *p = &n->rails[i];
+
+			if (p->rail < 0 || p->rail >= KVP_WIRE_RAILS_MAX)
+				continue;
+			pb(b, "%s{node=\"%s\",rail=\"%d\",dev=\"%s\",port=\"%u\"} %" PRIu64 "\n",
+			   rc[k].name, node, p->rail, p->dev, p->port,
+			   *(const uint64_t *)((const char *)&r[p->rail] + rc[k].off));
+		}
+	}
+	head(b, "kvproxy_rail_paused", "gauge", "1 while the rail is paused (rail_pause).");
+	for (unsigned i = 0; i < n->nrails && i < KVP_RAILS_MAX; i++)
+		if (n->rails[i].rail >= 0)
+			pb(b, "kvproxy_rail_paused{node=\"%s\",rail=\"%d\"} %d\n", node,
+			   n->rails[i].rail, n->rails[i].paused);
+	head(b, "kvproxy_rdma_wc_errors_total", "counter", "Work-completion errors by status.");
+	for (unsigned i = 1; i < KVP_WC_STATUS_MAX; i++)
+		if (wc[i])
+			pb(b, "kvproxy_rdma_wc_errors_total{node=\"%s\",status=\"%s\"} %" PRIu64 "\n",
+			   node, admin_wc_status_name(i), wc[i]);
+	head(b, "kvproxy_rdma_transfers_total", "counter", "Transfers sent by RDMA.");
+	pb(b, "kvproxy_rdma_transfers_total{node=\"%s\"} %" PRIu64 "\n", node, xfers);
+	head(b, "kvproxy_rdma_tcp_fallbacks_total", "counter",
+	     "Transfers that took the TCP path although RDMA was up.");
+	pb(b, "kvproxy_rdma_tcp_fallbacks_total{node=\"%s\"} %" PRIu64 "\n", node, fallbacks);
+	const struct kvp_mr_stats *m = n->mr_stats;
+	head(b, "kvproxy_rdma_registrations_total", "counter", "Regions registered for RDMA.");
+	pb(b, "kvproxy_rdma_registrations_total{node=\"%s\"} %" PRIu64 "\n", node,
+	   KVP_STAT_READ(m->regs));
+	head(b, "kvproxy_rdma_registration_failures_total", "counter",
+	     "Regions left unregistered (their data is staged over TCP).");
+	pb(b, "kvproxy_rdma_registration_failures_total{node=\"%s\"} %" PRIu64 "\n", node,
+	   KVP_STAT_READ(m->failures));
+	head(b, "kvproxy_rdma_registration_seconds_total", "counter", "Time spent registering memory.");
+	pb(b, "kvproxy_rdma_registration_seconds_total{node=\"%s\"} %.6f\n", node,
+	   (double)KVP_STAT_READ(m->reg_ns) / 1e9);
+}
+
 size_t
 kvp_stats_prometheus(const struct kvp_node *n, char *out, size_t outlen)
 {
@@ -139,6 +207,7 @@ kvp_stats_prometheus(const struct kvp_node *n, char *out, size_t outlen)
 	pb(&b, "kvproxy_staging_buffers_high_water{node=\"%s\"} %" PRIu64 "\n", node, t.stage_hwm);
 	head(&b, "kvproxy_staging_waits_total", "counter", "Times a frame waited for a staging buffer.");
 	pb(&b, "kvproxy_staging_waits_total{node=\"%s\"} %" PRIu64 "\n", node, t.stage_waits);
+	prom_rails(n, &b);
 	head(&b, "kvproxy_clients", "gauge", "Connected clients.");
 	pb(&b, "kvproxy_clients{node=\"%s\"} %u\n", node, n->nclients);
 	head(&b, "kvproxy_regions", "gauge", "Registered regions.");

@@ -34,9 +34,14 @@ kvp_region_table_init(struct kvp_region_table *t, uint32_t max)
 	return 0;
 }
 
+const struct kvp_region_hooks *kvp_region_hooks;
+
 static void
 unmap_slot(struct kvp_region_table *t, struct kvp_region *r)
 {
+	if (kvp_region_hooks && r->xp)
+		kvp_region_hooks->on_remove(kvp_region_hooks->arg, r, (uint32_t)(r - t->slots));
+	r->xp = NULL;
 	if (r->flags & KVP_REGION_F_GPU)
 		kvp_memops->release(r->cookie);
 	else
@@ -93,6 +98,9 @@ publish(struct kvp_region_table *t, struct kvp_region *r, uint32_t i, uint64_t *
 		k = (random_tag() << SLOT_BITS) | i;
 	} while (k == 0);
 	atomic_store(&r->key, k);
+	r->xp = NULL;
+	if (kvp_region_hooks)
+		kvp_region_hooks->on_add(kvp_region_hooks->arg, r, i);
 	/* Publish last: a worker that sees ACTIVE sees every field set before. */
 	atomic_store(&r->state, KVP_REGION_ACTIVE);
 	t->used++;

@@ -21,6 +21,13 @@ kvp_wire_check(const struct kvp_wire_hdr *h, uint32_t frame_max)
 			return -EMSGSIZE;
 		/* The range must not wrap; the region bound is checked on landing. */
 		return h->off + h->len < h->off ? -EBADMSG : 0;
+	case KVP_W_RDMA_QP:
+	case KVP_W_RDMA_QP_OK:
+		return h->len == sizeof(struct kvp_wire_qp) ? 0 : -EMSGSIZE;
+	case KVP_W_RDMA_GRANT:
+		return h->len == sizeof(struct kvp_wire_grant) ? 0 : -EMSGSIZE;
+	case KVP_W_RDMA_REQ:
+	case KVP_W_RDMA_RESET:
 	case KVP_W_END:
 	case KVP_W_ACK:
 	case KVP_W_ABORT:

@@ -72,7 +72,9 @@ tcp_create(struct kvp_worker *w, void **tctx)
 	if (rc < 0)
 		goto err;
 	KVP_STAT_SET(w->stats.stage_bufs, t->stage.nbufs);
-	uint32_t txq = pow2_ceil(cfg->tcp_tx_frames);
+	/* With RDMA these connections also carry a grant or ACK per transfer. */
+	uint32_t txq = pow2_ceil(cfg->tcp_tx_frames +
+				 (cfg->transport != KVP_TRANSPORT_TCP ? 2 * cfg->max_inflight : 0));
 	uint32_t rxt = pow2_ceil(cfg->max_inflight);
 	for (uint32_t i = 0; i < t->nconns; i++) {
 		struct tcp_conn *c = &t->conns[i];
@@ -134,6 +136,8 @@ tcp_attach(void *tctx, uint16_t peer, int fd, bool outgoing, uint64_t epoch)
 	memset(c->rxt, 0, sizeof(*c->rxt) * (c->rxt_mask + 1));
 	KVP_LOG(INFO, tcp, "worker %u: %s connection to peer %u up (epoch %016" PRIx64 ")",
 		t->w->idx, outgoing ? "outgoing" : "incoming", peer, epoch);
+	if (t->ext)
+		t->ext->on_conn(t->ext->arg, peer, outgoing, true);
 	return 0;
 }
 
@@ -201,6 +205,8 @@ tcp_conn_fail(struct tcp_ctx *t, struct tcp_conn *c, const char *why)
 	/* Makes the in-flight send and recv return so the slot can drain. */
 	shutdown(c->fd, SHUT_RDWR);
 	kvp_worker_conn_down(t->w, c->peer, c->outgoing, why);
+	if (t->ext)
+		t->ext->on_conn(t->ext->arg, c->peer, c->outgoing, false);
 	if (c->ops == 0)
 		conn_finish_close(t, c);
 }
@@ -335,6 +341,48 @@ tcp_disconnect(void *tctx, uint16_t peer)
 		return;
 	tcp_conn_fail(t, &t->conns[2u * peer], "disconnect requested");
 	tcp_conn_fail(t, &t->conns[2u * peer + 1], "disconnect requested");
+}
+
+void
+kvp_tcp_set_ext(void *tctx, const struct kvp_tcp_ext *ext)
+{
+	((struct tcp_ctx *)tctx)->ext = ext;
+}
+
+static struct tcp_conn *
+conn_of(struct tcp_ctx *t, uint16_t peer, bool outgoing)
+{
+	uint32_t id = 2u * peer + (outgoing ? 0 : 1);
+
+	return id < t->nconns ? &t->conns[id] : NULL;
+}
+
+bool
+kvp_tcp_send(void *tctx, uint16_t peer, bool outgoing, const struct kvp_wire_hdr *h,
+	     const void *payload)
+{
+	struct tcp_conn *c = conn_of(tctx, peer, outgoing);
+
+	if (!c || h->len > KVP_TCP_EXT_PAYLOAD)
+		return false;
+	return tcp_queue_frame(c, h, payload);
+}
+
+uint32_t
+kvp_tcp_room(void *tctx, uint16_t peer, bool outgoing)
+{
+	struct tcp_conn *c = conn_of(tctx, peer, outgoing);
+
+	return c && c->state == CONN_UP ? txq_room(c) : 0;
+}
+
+void
+kvp_tcp_fail(void *tctx, uint16_t peer, bool outgoing, const char *why)
+{
+	struct tcp_conn *c = conn_of(tctx, peer, outgoing);
+
+	if (c)
+		tcp_conn_fail(tctx, c, why);
 }
 
 const struct kvp_transport_ops kvp_tcp_stage_ops = {

@@ -3,6 +3,7 @@
 #ifndef TCP_PRIV_H
 #define TCP_PRIV_H
 
+#include <stdalign.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <sys/socket.h>
@@ -11,6 +12,7 @@
 #include <liburing.h>
 
 #include "kvp_core.h"
+#include "kvp_tcp_stage.h"
 
 /* Payloads at least this large skip the staging buffer and land by direct recv. */
 #define DIRECT_RECV_MIN (64u << 10)
@@ -40,6 +42,7 @@ struct tx_frame {
 	uint8_t *payload; /* NULL for control frames */
 	uint32_t xfer;	  /* worker transfer slot, NO_XFER for control frames */
 	int32_t stage;	  /* staging buffer holding the payload, -1 if none */
+	alignas(8) uint8_t inl[KVP_TCP_EXT_PAYLOAD]; /* payload of extension frames */
 };
 
 enum { STAGE_RX = 0, STAGE_TX = 1 };
@@ -132,6 +135,7 @@ struct tcp_ctx {
 	struct stage_pool stage;
 	bool stage_blocked; /* framing waited for a buffer since the last tick */
 	uint64_t peer_ns; /* silence (or a stuck send) longer than this kills a connection */
+	const struct kvp_tcp_ext *ext; /* RDMA control on these connections, or NULL */
 };
 
 static inline struct io_uring_sqe *
@@ -180,6 +184,7 @@ struct kvp_xfer *tcp_xfer_of(struct tcp_ctx *t, uint64_t tag);
 
 /* tcp_tx.c */
 bool tcp_queue_ctrl(struct tcp_conn *c, uint8_t type, uint64_t tag, uint64_t aux);
+bool tcp_queue_frame(struct tcp_conn *c, const struct kvp_wire_hdr *h, const void *payload);
 int tcp_fill_tx(struct tcp_ctx *t, struct tcp_conn *c);
 int tcp_start_send(struct tcp_ctx *t, struct tcp_conn *c);
 void tcp_send_done(struct tcp_ctx *t, struct tcp_conn *c, int res);

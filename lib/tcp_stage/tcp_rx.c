@@ -186,10 +186,15 @@ on_end(struct tcp_ctx *t, struct tcp_conn *c, const struct kvp_wire_hdr *h)
 }
 
 static void
-on_ack(struct tcp_ctx *t, const struct kvp_wire_hdr *h)
+on_ack(struct tcp_ctx *t, struct tcp_conn *c, const struct kvp_wire_hdr *h)
 {
 	struct kvp_xfer *x = tcp_xfer_of(t, h->tag);
 
+	if (x && x->t_state >= KVP_TCP_XS_EXT) {
+		if (t->ext->on_frame(t->ext->arg, c->peer, c->outgoing, h, NULL) < 0)
+			tcp_conn_fail(t, c, "unexpected acknowledgement");
+		return;
+	}
 	/*
 	 * A stale tag is a transfer that already ended (cancelled, timed out).
 	 * TX_FRAMED is fine: the ACK can overtake the completion of the send
@@ -205,19 +210,69 @@ on_ack(struct tcp_ctx *t, const struct kvp_wire_hdr *h)
 	kvp_worker_xfer_end(t->w, x, h->aux == KVP_OK ? KVP_OK : KVP_EREMOTE);
 }
 
-/* Handle one header; false if it must wait (no room to answer) or the connection failed. */
+/* Hand a checked frame to the extension; a frame it rejects fails the connection. */
 static bool
-on_header(struct tcp_ctx *t, struct tcp_conn *c, const struct kvp_wire_hdr *h)
+ext_dispatch(struct tcp_ctx *t, struct tcp_conn *c, const struct kvp_wire_hdr *h,
+	     const void *payload)
+{
+	struct kvp_peer_stats *ps = &t->w->stats.peer[c->peer];
+
+	KVP_STAT_ADD(ps->rx_frames, 1);
+	if (t->ext->on_frame(t->ext->arg, c->peer, c->outgoing, h, payload) < 0) {
+		KVP_STAT_ADD(ps->bad_frames, 1);
+		tcp_conn_fail(t, c, "bad RDMA control frame");
+		return false;
+	}
+	return true;
+}
+
+/* Extension frames travel one way: requests to the receiver, answers back. */
+static bool
+ext_direction_ok(const struct tcp_conn *c, uint8_t type)
+{
+	switch (type) {
+	case KVP_W_RDMA_QP:
+	case KVP_W_RDMA_REQ:
+		return !c->outgoing;
+	case KVP_W_RDMA_QP_OK:
+	case KVP_W_RDMA_GRANT:
+		return c->outgoing;
+	default:
+		return true;
+	}
+}
+
+static bool
+is_ext(uint8_t type)
+{
+	return type >= KVP_W_RDMA_QP && type < KVP_W_TYPE_MAX;
+}
+
+/* Check a header against the wire rules and this connection's direction; fails it if bad. */
+static bool
+hdr_ok(struct tcp_ctx *t, struct tcp_conn *c, const struct kvp_wire_hdr *h)
 {
 	struct kvp_peer_stats *ps = &t->w->stats.peer[c->peer];
 	int rc = kvp_wire_check(h, t->frame_max);
 
 	if (rc < 0 || h->type == KVP_W_HELLO || (h->type == KVP_W_ACK && !c->outgoing) ||
-	    (h->type == KVP_W_DATA && c->outgoing)) {
+	    (h->type == KVP_W_DATA && c->outgoing) ||
+	    (is_ext(h->type) && (!t->ext || !ext_direction_ok(c, h->type)))) {
 		KVP_STAT_ADD(ps->bad_frames, 1);
 		tcp_conn_fail(t, c, rc < 0 ? "malformed frame" : "unexpected frame type");
 		return false;
 	}
+	return true;
+}
+
+/* Handle one header; false if it must wait (no room to answer) or the connection failed. */
+static bool
+on_header(struct tcp_ctx *t, struct tcp_conn *c, const struct kvp_wire_hdr *h)
+{
+	struct kvp_peer_stats *ps = &t->w->stats.peer[c->peer];
+
+	if (!hdr_ok(t, c, h))
+		return false;
 	if ((h->type == KVP_W_END || h->type == KVP_W_PING) && txq_room(c) == 0)
 		return false;
 	if (h->type == KVP_W_DATA) {
@@ -227,17 +282,21 @@ on_header(struct tcp_ctx *t, struct tcp_conn *c, const struct kvp_wire_hdr *h)
 		KVP_STAT_ADD(ps->rx_frames, 1);
 		return true;
 	}
+	if (is_ext(h->type)) /* header-only (payload types with len 0 failed the check) */
+		return ext_dispatch(t, c, h, NULL);
 	KVP_STAT_ADD(ps->rx_frames, 1);
 	switch (h->type) {
 	case KVP_W_END:
 		on_end(t, c, h);
 		break;
 	case KVP_W_ACK:
-		on_ack(t, h);
+		on_ack(t, c, h);
 		break;
 	case KVP_W_ABORT:
 		if (c->rxt[h->tag & c->rxt_mask].tag == h->tag)
 			c->rxt[h->tag & c->rxt_mask].tag = 0;
+		if (t->ext)
+			t->ext->on_frame(t->ext->arg, c->peer, c->outgoing, h, NULL);
 		break;
 	case KVP_W_PING:
 		tcp_queue_ctrl(c, KVP_W_PONG, h->tag, 0);
@@ -264,6 +323,31 @@ tcp_process_rx(struct tcp_ctx *t, struct tcp_conn *c)
 			if (avail < sizeof(h))
 				return work;
 			memcpy(&h, c->rxbuf + c->rx_start, sizeof(h));
+			if (h.type == KVP_W_RDMA_QP && !t->ext && !c->outgoing &&
+			    kvp_wire_check(&h, t->frame_max) == 0) {
+				/* A peer with RDMA: tell it this node moves everything over TCP. */
+				if (avail < sizeof(h) + h.len || txq_room(c) == 0)
+					return work;
+				struct kvp_wire_hdr r;
+
+				kvp_wire_hdr_init(&r, KVP_W_RDMA_RESET, 0, 0);
+				r.rsvd = KVP_RESET_NO_RDMA;
+				tcp_queue_frame(c, &r, NULL);
+				c->rx_start += sizeof(h) + h.len;
+				work++;
+				break;
+			}
+			if (is_ext(h.type) && h.len > 0 && h.len <= KVP_TCP_EXT_PAYLOAD) {
+				/* Small fixed payload: handled whole, from the buffer. */
+				if (avail < sizeof(h) + h.len)
+					return work;
+				if (!hdr_ok(t, c, &h) ||
+				    !ext_dispatch(t, c, &h, c->rxbuf + c->rx_start + sizeof(h)))
+					return work;
+				c->rx_start += sizeof(h) + h.len;
+				work++;
+				break;
+			}
 			if (!on_header(t, c, &h))
 				return work;
 			c->rx_start += sizeof(h);

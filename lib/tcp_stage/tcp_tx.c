@@ -42,6 +42,21 @@ tcp_queue_ctrl(struct tcp_conn *c, uint8_t type, uint64_t tag, uint64_t aux)
 	return true;
 }
 
+bool
+tcp_queue_frame(struct tcp_conn *c, const struct kvp_wire_hdr *h, const void *payload)
+{
+	if (c->state != CONN_UP || txq_room(c) == 0)
+		return false;
+	struct tx_frame *f = push_frame(c, h->type, h->len, h->tag, NO_XFER);
+
+	f->hdr = *h;
+	if (h->len) {
+		memcpy(f->inl, payload, h->len);
+		f->payload = f->inl;
+	}
+	return true;
+}
+
 /* Segments i and i+1 can share one frame: same regions, both ranges contiguous. */
 static bool
 contiguous(const struct kvp_seg *a, const struct kvp_seg *b)
@@ -157,7 +172,7 @@ frame_sent(struct tcp_ctx *t, struct tcp_conn *c, struct tx_frame *f, uint64_t n
 	struct kvp_worker *w = t->w;
 	struct kvp_peer_stats *ps = &w->stats.peer[c->peer];
 
-	if (f->payload)
+	if (f->hdr.type == KVP_W_DATA)
 		KVP_STAT_ADD(ps->tx_bytes, f->hdr.len);
 	KVP_STAT_ADD(ps->tx_frames, 1);
 	if (f->stage >= 0) {

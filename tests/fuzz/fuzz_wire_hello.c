@@ -159,6 +159,10 @@ fuzz_check(struct fuzz_in *in)
 			FUZZ_ASSERT(h.len > 0 && h.len <= frame_max && h.off + h.len >= h.off,
 				    "DATA len %u off %" PRIu64 " frame_max %u", h.len, h.off,
 				    frame_max);
+		else if (h.type == KVP_W_RDMA_QP || h.type == KVP_W_RDMA_QP_OK)
+			FUZZ_ASSERT(h.len == sizeof(struct kvp_wire_qp), "QP len %u", h.len);
+		else if (h.type == KVP_W_RDMA_GRANT)
+			FUZZ_ASSERT(h.len == sizeof(struct kvp_wire_grant), "GRANT len %u", h.len);
 		else
 			FUZZ_ASSERT(h.len == 0, "control frame with payload %u", h.len);
 	} else {

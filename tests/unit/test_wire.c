@@ -31,12 +31,20 @@ main(void)
 	h.type = KVP_W_TYPE_MAX;
 	CHECK_EQ(kvp_wire_check(&h, 1 << 20), -EBADMSG);
 
-	/* Control frames carry no payload. */
+	/* Control frames carry no payload, or exactly their fixed-size one. */
 	for (uint8_t t = KVP_W_END; t < KVP_W_TYPE_MAX; t++) {
-		kvp_wire_hdr_init(&h, t, 0, 1);
+		uint32_t want = t == KVP_W_RDMA_QP || t == KVP_W_RDMA_QP_OK ? sizeof(struct kvp_wire_qp)
+				: t == KVP_W_RDMA_GRANT			      ? sizeof(struct kvp_wire_grant)
+									      : 0;
+
+		kvp_wire_hdr_init(&h, t, want, 1);
 		CHECK_EQ(kvp_wire_check(&h, 1 << 20), 0);
-		h.len = 1;
+		h.len = want + 1;
 		CHECK_EQ(kvp_wire_check(&h, 1 << 20), -EMSGSIZE);
+		if (want) {
+			h.len = want - 1;
+			CHECK_EQ(kvp_wire_check(&h, 1 << 20), -EMSGSIZE);
+		}
 	}
 	kvp_wire_hdr_init(&h, KVP_W_HELLO, sizeof(struct kvp_wire_hello), 0);
 	CHECK_EQ(kvp_wire_check(&h, 0), 0);
