@@ -216,7 +216,7 @@ rdma_create(struct kvp_worker *w, void **tctx)
 
 			q->rail = (uint8_t)(s / cfg->rdma_qps_per_rail);
 			q->depth = c->sq_depth;
-			q->ring = rte_zmalloc_socket("kvp_rdma_ring", sizeof(*q->ring) * q->depth, 64,
+			q->ring = rte_zmalloc_socket("kvp_rdma_ring", sizeof(*q->ring) * (q->depth + 1), 64,
 						     socket);
 			if (!q->ring) {
 				rc = -ENOMEM;

@@ -144,15 +144,16 @@ struct txs {
 	uint8_t reqs;	 /* REQ frames queued */
 	uint8_t granted; /* grants received */
 	bool fallback;	 /* a grant sent it to the TCP path */
-	uint64_t keys[GDR_DST_MAX];
-	uint64_t raddr[GDR_DST_MAX];
-	uint64_t rlen[GDR_DST_MAX];
-	uint32_t rkey[GDR_DST_MAX][GDR_RAILS];
 	uint32_t imm;
 	uint32_t outstanding; /* posted WRs not yet retired */
 	uint32_t seg;	      /* posting cursor */
 	uint64_t off;
 	int last_slot; /* QP of the last WRITE: the imm follows it there */
+	uint64_t keys[GDR_DST_MAX];
+	/* Filled by grants; tx_post() clears everything above. */
+	uint64_t raddr[GDR_DST_MAX];
+	uint64_t rlen[GDR_DST_MAX];
+	uint32_t rkey[GDR_DST_MAX][GDR_RAILS];
 };
 
 struct rpeer {

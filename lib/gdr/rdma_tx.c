@@ -98,7 +98,7 @@ tx_post(struct rdma_ctx *c, struct kvp_xfer *x)
 {
 	struct txs *t = &c->txs[x->idx];
 
-	memset(t, 0, offsetof(struct txs, rkey));
+	memset(t, 0, offsetof(struct txs, raddr));
 	for (uint32_t i = 0; i < x->nseg; i++) {
 		uint64_t k = x->segs[i].dst_key;
 		uint8_t j;

@@ -28,9 +28,7 @@
 
 #include <jansson.h>
 
-#define EXIT_RPC_ERROR 1
-#define EXIT_USAGE     2
-#define EXIT_CONN      3
+#include "ctl.h"
 
 #define DEFAULT_SOCKET  "/run/kvproxy/admin.sock"
 #define DEFAULT_TIMEOUT 10.0
@@ -38,13 +36,7 @@
 #define REPLY_MAX       (64u << 20)
 #define REQUEST_ID      1
 
-struct opts {
-	const char *socket;
-	double timeout_s;
-	bool json;
-};
-
-static const char *prog = "kvproxyctl";
+const char *prog = "kvproxyctl";
 
 /* ---- usage ---- */
 
@@ -76,6 +68,8 @@ usage_main(FILE *f)
 		"  log_level [LEVEL]            show or set the log level\n"
 		"  doctor                       transport, NIC/CPU placement and GPU checks, with reasons\n"
 		"  watch [--count N]            live view (throughput per peer, pool, in flight), 1/s\n"
+		"  rails                        RDMA rails: placement, traffic, queue pairs, errors\n"
+		"  rail_pause RAIL | rail_resume RAIL  move traffic off an RDMA rail, and back\n"
 		"  call METHOD [JSON-PARAMS]    raw JSON-RPC call; prints the result as JSON\n"
 		"\n"
 		"Run '%s COMMAND --help' for a command's options.\n"
@@ -86,6 +80,8 @@ usage_main(FILE *f)
 static void
 usage_cmd(FILE *f, const char *cmd)
 {
+	if (rails_usage(f, cmd))
+		return;
 	if (strcmp(cmd, "status") == 0)
 		fprintf(f,
 			"Usage: %s [GLOBAL-OPTIONS] status [--json]\n"
@@ -209,7 +205,7 @@ usage_cmd(FILE *f, const char *cmd)
 			prog, prog);
 }
 
-static int
+int
 usage_error(const char *fmt, ...)
 {
 	va_list ap;
@@ -385,7 +381,7 @@ recv_line(int fd, char **out, size_t *outlen, double deadline, const char *path)
  * @return 0 with *result set (caller decrefs); EXIT_RPC_ERROR after printing
  *   the error; EXIT_CONN after printing why there is no usable reply
  */
-static int
+int
 rpc_call(const struct opts *o, const char *method, json_t *params, json_t **result)
 {
 	double deadline = now_s() + o->timeout_s;
@@ -563,7 +559,7 @@ annotate(const char *key, const json_t *v, char *buf, size_t len)
 }
 
 /** True if @p v is a non-empty array of objects, or an empty array (a table). */
-static bool
+bool
 is_table(const json_t *v)
 {
 	if (!json_is_array(v))
@@ -661,7 +657,7 @@ ordered_keys(json_t *obj, const char *const *order)
 }
 
 /** Print an array of objects as an aligned table; columns are the union of keys. */
-static void
+void
 print_table(json_t *rows, const char *const *order, int indent)
 {
 	size_t nrows = json_array_size(rows), ncols = 0, i, c;
@@ -809,7 +805,7 @@ print_object(json_t *obj, const char *const *order, int indent)
 	free(keys);
 }
 
-static void
+void
 print_json(json_t *v)
 {
 	/* 15 digits: reals (uptime) print as the daemon meant them, not as 3725.4200000000001. */
@@ -822,14 +818,6 @@ print_json(json_t *v)
 
 /* ---- commands ---- */
 
-struct cmd_opts {
-	bool prometheus;
-	bool no_wait;
-	long limit;      /* 0: the daemon's default */
-	long count;      /* watch: 0 = until interrupted */
-	double interval; /* watch */
-	double wait_s;   /* drain */
-};
 
 /* Command-specific options: which command accepts which. */
 static const struct {
@@ -869,7 +857,7 @@ parse_num(const char *s, double lo, double hi, double *out)
  *
  * @return -1 to continue, or an exit status
  */
-static int
+int
 parse_cmd_opts(const char *cmd, int argc, char **argv, struct opts *o, struct cmd_opts *co)
 {
 	static const struct option lo[] = {
@@ -1031,7 +1019,7 @@ cmd_peers(struct opts *o, int argc, char **argv)
 }
 
 /* Print the result: JSON with --json, else @p render (or the generic object view). */
-static void
+void
 show(const struct opts *o, json_t *res, const char *const *order)
 {
 	if (o->json || !json_is_object(res))
@@ -1041,7 +1029,7 @@ show(const struct opts *o, json_t *res, const char *const *order)
 }
 
 /* Run a method with @p params (stolen) and show its result. */
-static int
+int
 simple_call(struct opts *o, const char *method, json_t *params, const char *const *order)
 {
 	json_t *res;
@@ -1142,7 +1130,7 @@ cmd_slowest(struct opts *o, int argc, char **argv)
 }
 
 /* A non-negative decimal integer argument. */
-static bool
+bool
 parse_id(const char *s, json_int_t max, json_int_t *out)
 {
 	char *end;
@@ -1500,6 +1488,9 @@ static const struct command commands[] = {
 	{ "doctor", cmd_doctor },
 	{ "watch", cmd_watch },
 	{ "call", cmd_call },
+	{ "rails", cmd_rails },
+	{ "rail_pause", cmd_rail_pause },
+	{ "rail_resume", cmd_rail_resume },
 	{ NULL, NULL },
 };
 

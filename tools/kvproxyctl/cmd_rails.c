@@ -1,0 +1,91 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/* kvproxyctl: RDMA rails — rails, rail_pause, rail_resume. */
+#include <getopt.h>
+#include <string.h>
+
+#include "ctl.h"
+
+static const char *const cols_rails[] = {
+	"rail", "dev", "port", "paused", "qps_up", "tx_bytes", "tx_writes", "rx_notices",
+	"qp_resets", "wc_errors", "gid_index", "mtu", "numa_node", "pci", NULL,
+};
+
+bool
+rails_usage(FILE *f, const char *cmd)
+{
+	if (strcmp(cmd, "rails") == 0)
+		fprintf(f,
+			"Usage: %s [GLOBAL-OPTIONS] rails [--json]\n"
+			"\n"
+			"The RDMA rails (one verbs port each) this node uses: device, port, GID\n"
+			"index, MTU, PCI placement, whether paused, send QPs up, bytes and WRITEs\n"
+			"sent through it, completion notices received, QP resets and work-\n"
+			"completion errors; then memory registrations and errors by status.\n",
+			prog);
+	else if (strcmp(cmd, "rail_pause") == 0 || strcmp(cmd, "rail_resume") == 0)
+		fprintf(f,
+			"Usage: %s [GLOBAL-OPTIONS] %s [--json] RAIL\n"
+			"\n"
+			"rail_pause: no new RDMA WRITE goes through rail RAIL (as listed by\n"
+			"'rails'); WRITEs already posted complete, later ones stripe over the\n"
+			"remaining rails (over TCP when none is left). rail_resume undoes it.\n",
+			prog, cmd);
+	else
+		return false;
+	return true;
+}
+
+int
+cmd_rails(struct opts *o, int argc, char **argv)
+{
+	struct cmd_opts co = { 0 };
+	json_t *res;
+	int r = parse_cmd_opts("rails", argc, argv, o, &co);
+
+	if (r >= 0)
+		return r;
+	if (optind != argc)
+		return usage_error("rails: unexpected argument '%s'", argv[optind]);
+	r = rpc_call(o, "rails", json_object(), &res);
+	if (r != 0)
+		return r;
+	json_t *rails = json_object_get(res, "rails");
+	if (o->json || !is_table(rails)) {
+		print_json(res);
+	} else {
+		print_table(rails, cols_rails, 0);
+		json_object_del(res, "rails");
+		show(o, res, NULL);
+	}
+	json_decref(res);
+	return 0;
+}
+
+static int
+rail_set(struct opts *o, int argc, char **argv, const char *method)
+{
+	static const char *const order[] = { "rail", "paused", "active_rails", NULL };
+	struct cmd_opts co = { 0 };
+	json_int_t rail;
+	int r = parse_cmd_opts(method, argc, argv, o, &co);
+
+	if (r >= 0)
+		return r;
+	if (argc - optind != 1)
+		return usage_error("%s: expected RAIL", method);
+	if (!parse_id(argv[optind], 255, &rail))
+		return usage_error("%s: bad RAIL '%s'", method, argv[optind]);
+	return simple_call(o, method, json_pack("{s:I}", "rail", rail), order);
+}
+
+int
+cmd_rail_pause(struct opts *o, int argc, char **argv)
+{
+	return rail_set(o, argc, argv, "rail_pause");
+}
+
+int
+cmd_rail_resume(struct opts *o, int argc, char **argv)
+{
+	return rail_set(o, argc, argv, "rail_resume");
+}
