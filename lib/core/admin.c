@@ -135,11 +135,11 @@ m_status(struct kvp_node *n, json_t *params, struct rpc_err *e)
 	admin_gather(n, &t);
 	return json_pack("{s:s, s:s, s:i, s:f, s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:b, s:b, s:I, s:i}",
 			 "node_id", n->cfg.node_id, "version", KVP_VERSION, "pid", (int)getpid(),
-			 "admin_uptime_s", admin_uptime_s(n), "transport", n->tops->name, "workers",
+			 "uptime_s", admin_uptime_s(n), "transport", n->tops->name, "workers",
 			 (int)n->nworkers, "clients", (int)n->nclients, "regions",
 			 (int)n->regions.used, "inflight", (int)t.inflight, "peers",
-			 (int)n->cfg.npeers, "admin_peers_up", (int)admin_peers_up(n), "draining",
-			 n->draining, "stats_enabled", n->cfg.stats_enabled, "admin_gpu_region_bytes",
+			 (int)n->cfg.npeers, "peers_up", (int)admin_peers_up(n), "draining",
+			 n->draining, "stats_enabled", n->cfg.stats_enabled, "gpu_region_bytes",
 			 (json_int_t)admin_gpu_region_bytes(n), "gpus", n->ngpus > 0 ? n->ngpus : 0);
 }
 
@@ -275,7 +275,7 @@ m_stats(struct kvp_node *n, json_t *params, struct rpc_err *e)
 				  "high_water", (json_int_t)t.stage_hwm, "waits",
 				  (json_int_t)t.stage_waits, "host", n->cfg.stage_host);
 	return json_pack("{s:s, s:f, s:s, s:o, s:o, s:o, s:o, s:o, s:o, s:i, s:o}", "node_id",
-			 n->cfg.node_id, "admin_uptime_s", admin_uptime_s(n), "transport", n->tops->name,
+			 n->cfg.node_id, "uptime_s", admin_uptime_s(n), "transport", n->tops->name,
 			 "totals", totals, "completions", comp, "staging", stage, "peers", peers,
 			 "clients", clients_json(n), "workers", workers, "regions",
 			 (int)n->regions.used, "latency", latency_json(n));
