@@ -92,10 +92,18 @@ enum kvp_transport_kind {
 	KVP_TRANSPORT_AUTO,
 };
 
+/** A group named in the configuration, looked up when the file is read. */
+struct kvp_group {
+	char name[64]; /**< as configured (a name or a number); "" = none */
+	uint32_t gid;
+};
+
 struct kvp_config {
 	char node_id[KVP_NODE_ID_MAX];
 	char client_socket[KVP_PATH_MAX];
 	char admin_socket[KVP_PATH_MAX];
+	struct kvp_group client_group; /**< owns the client socket; its members may connect */
+	struct kvp_group admin_group;  /**< owns the admin socket (mode 0660) */
 	char listen_host[64];
 	uint16_t listen_port;
 	int transport; /**< enum kvp_transport_kind */
@@ -113,6 +121,8 @@ struct kvp_config {
 	uint32_t peer_timeout_ms;
 	uint32_t reconnect_ms;
 	uint32_t admission_timeout_ms;
+	uint32_t admin_timeout_ms; /**< an admin request line or reply must finish within this */
+	uint32_t admin_idle_ms;	   /**< an admin connection with nothing to do is closed after this */
 
 	bool busy_poll;
 	uint32_t idle_us;
