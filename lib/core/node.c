@@ -76,14 +76,17 @@ kvp_node_send(struct kvp_node *n, unsigned worker, struct kvp_msg *m)
 
 /*
  * Bind a UNIX stream socket, guarded by "<path>.lock" so that a second
- * daemon configured with the same path fails instead of stealing it.
+ * daemon configured with the same path fails instead of stealing it. The
+ * file ends up mode 0660, owned by @p grp when one is configured.
  */
 static int
-unix_listen(const char *path, mode_t mode, int *lock_fd, char *err, size_t errlen)
+unix_listen(const char *path, const struct kvp_group *grp, int *lock_fd, char *err,
+	    size_t errlen)
 {
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };
-	char lock[KVP_PATH_MAX + 8];
-	int fd, lfd;
+	char lock[KVP_PATH_MAX + 8], chgrp[96];
+	const char *step;
+	int fd, lfd, e;
 
 	if (strlen(path) >= sizeof(sa.sun_path)) {
 		snprintf(err, errlen, "%s: socket path too long", path);
@@ -103,19 +106,45 @@ unix_listen(const char *path, mode_t mode, int *lock_fd, char *err, size_t errle
 	/* We hold the lock, so an existing socket file is stale. */
 	unlink(path);
 	strcpy(sa.sun_path, path);
+	step = "socket";
 	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-	if (fd < 0 || bind(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0 || chmod(path, mode) < 0 ||
-	    listen(fd, 64) < 0) {
-		int e = errno;
-
-		snprintf(err, errlen, "%s: %s", path, strerror(e));
-		if (fd >= 0)
-			close(fd);
-		close(lfd);
-		return -e;
-	}
+	if (fd < 0)
+		goto err_close_lock;
+	/*
+	 * bind() gives the file the socket's own mode: owner only until the
+	 * group is right, so nobody else can connect in between.
+	 */
+	step = "bind";
+	if (fchmod(fd, 0600) < 0 || bind(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0)
+		goto err_close;
+	snprintf(chgrp, sizeof(chgrp), "cannot give it group %s (gid %u)", grp->name, grp->gid);
+	step = chgrp;
+	if (grp->name[0] && chown(path, (uid_t)-1, (gid_t)grp->gid) < 0)
+		goto err_unlink;
+	step = "chmod";
+	if (chmod(path, 0660) < 0)
+		goto err_unlink;
+	step = "listen";
+	if (listen(fd, 64) < 0)
+		goto err_unlink;
 	*lock_fd = lfd;
 	return fd;
+
+err_unlink:
+	e = errno; /* before the clean-up can change it */
+	unlink(path);
+	close(fd);
+	goto err_report;
+err_close:
+	e = errno;
+	close(fd);
+	goto err_report;
+err_close_lock:
+	e = errno;
+err_report:
+	snprintf(err, errlen, "%s: %s: %s", path, step, strerror(e));
+	close(lfd);
+	return -e;
 }
 
 int
@@ -202,11 +231,11 @@ kvp_node_init(struct kvp_node *n, const struct kvp_config *cfg,
 		n->nworkers = i + 1;
 	}
 
-	rc = unix_listen(cfg->client_socket, 0660, &n->lock_fd, err, errlen);
+	rc = unix_listen(cfg->client_socket, &cfg->client_group, &n->lock_fd, err, errlen);
 	if (rc < 0)
 		goto err;
 	n->client_lfd = rc;
-	rc = unix_listen(cfg->admin_socket, 0660, &admin_lock, err, errlen);
+	rc = unix_listen(cfg->admin_socket, &cfg->admin_group, &admin_lock, err, errlen);
 	if (rc < 0)
 		goto err;
 	n->admin_lfd = rc;
