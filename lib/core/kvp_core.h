@@ -911,6 +911,8 @@ struct kvp_node {
 	struct kvp_admin_conn admin[KVP_ADMIN_CONNS];
 	uint64_t bad_handshakes;
 	uint64_t auth_failures;
+	uint64_t clients_refused_cred;	/**< client connections from a uid/group not allowed */
+	uint64_t clients_refused_limit; /**< client connections beyond limits.max_clients */
 	uint64_t next_reap_ns;
 	volatile bool quit;
 
