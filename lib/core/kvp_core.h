@@ -860,10 +860,26 @@ struct kvp_client_conn {
 #define KVP_ADMIN_LINEMAX (64u << 10)
 #define KVP_PENDING_MAX	  16
 
+/** One admin connection (main lcore); see admin_conn.c for its bounds. */
 struct kvp_admin_conn {
 	int fd;
-	uint32_t len;
-	char *buf; /**< KVP_ADMIN_LINEMAX bytes, allocated at start */
+	uint32_t len;	     /**< bytes of unanswered input in buf */
+	char *buf;	     /**< KVP_ADMIN_LINEMAX bytes, allocated at start */
+	uint64_t active_ns;  /**< accepted or last answered: the idle bound runs from here */
+	uint64_t partial_ns; /**< first byte of the unfinished request line; 0 = none */
+	char *out;	     /**< reply bytes the socket has not taken yet (malloc'd), or NULL */
+	size_t out_len;
+	size_t out_off;
+	uint64_t out_ns; /**< since when out waits for the client to read */
+};
+
+/** Admin connections cut off, by reason (main lcore). */
+struct kvp_admin_stats {
+	uint64_t accepted;
+	uint64_t refused;  /**< KVP_ADMIN_CONNS already open */
+	uint64_t slow;	   /**< a request line or a reply took longer than timeouts.admin_ms */
+	uint64_t idle;	   /**< nothing to do for timeouts.admin_idle_ms */
+	uint64_t too_long; /**< a request line longer than KVP_ADMIN_LINEMAX */
 };
 
 /** An RDMA port as found at start (filled by the application from its probe). */
@@ -909,6 +925,7 @@ struct kvp_node {
 	struct kvp_peer peers[KVP_PEERS_MAX];
 	struct kvp_pending_conn pending[KVP_PENDING_MAX];
 	struct kvp_admin_conn admin[KVP_ADMIN_CONNS];
+	struct kvp_admin_stats admin_stats;
 	uint64_t bad_handshakes;
 	uint64_t auth_failures;
 	uint64_t clients_refused_cred;	/**< client connections from a uid/group not allowed */
@@ -980,10 +997,17 @@ void kvp_peer_timers(struct kvp_node *n, uint64_t now);
 void kvp_peer_close_all(struct kvp_node *n);
 const char *kvp_peer_state_name(const struct kvp_node *n, uint16_t peer);
 
-/* admin.c */
+/* admin_conn.c */
 void kvp_admin_accept(struct kvp_node *n);
-void kvp_admin_input(struct kvp_node *n, uint32_t slot);
+/** Input or output room on admin connection @p slot (epoll @p events). */
+void kvp_admin_event(struct kvp_node *n, uint32_t slot, uint32_t events);
+/** Close admin connections past their bounds (timeouts.admin_ms, admin_idle_ms). */
+void kvp_admin_timers(struct kvp_node *n, uint64_t now);
 void kvp_admin_close_all(struct kvp_node *n);
+/** Admin connections open now. */
+unsigned kvp_admin_open(const struct kvp_node *n);
+
+/* admin.c */
 
 /**
  * Handle one JSON-RPC request line; the reply (one line, no newline) is
@@ -1072,6 +1096,10 @@ kvp_ep_tag(enum kvp_ep_kind k, uint32_t idx)
 
 /** Add @p fd to the node's epoll set. @return 0 or negative errno */
 int kvp_node_watch(struct kvp_node *n, int fd, uint32_t events, enum kvp_ep_kind k, uint32_t idx);
+
+/** Change the events watched on @p fd (tag as given). @return 0 or negative errno */
+int kvp_node_rewatch(struct kvp_node *n, int fd, uint32_t events, enum kvp_ep_kind k,
+		     uint32_t idx);
 
 /** Remove @p fd from the epoll set. */
 void kvp_node_unwatch(struct kvp_node *n, int fd);

@@ -39,6 +39,16 @@ kvp_node_watch(struct kvp_node *n, int fd, uint32_t events, enum kvp_ep_kind k, 
 	return 0;
 }
 
+int
+kvp_node_rewatch(struct kvp_node *n, int fd, uint32_t events, enum kvp_ep_kind k, uint32_t idx)
+{
+	struct epoll_event ev = { .events = events, .data.u64 = kvp_ep_tag(k, idx) };
+
+	if (epoll_ctl(n->epfd, EPOLL_CTL_MOD, fd, &ev) < 0)
+		return -errno;
+	return 0;
+}
+
 void
 kvp_node_unwatch(struct kvp_node *n, int fd)
 {
@@ -305,7 +315,7 @@ kvp_node_poll(struct kvp_node *n, int timeout_ms)
 			kvp_admin_accept(n);
 			break;
 		case KVP_EP_ADMIN:
-			kvp_admin_input(n, idx);
+			kvp_admin_event(n, idx, evs[i].events);
 			break;
 		case KVP_EP_PEER_LISTEN:
 			kvp_peer_accept(n);
@@ -326,6 +336,7 @@ kvp_node_poll(struct kvp_node *n, int timeout_ms)
 	}
 	if (now >= n->next_reap_ns) {
 		kvp_client_timers(n, now);
+		kvp_admin_timers(n, now);
 		/* Regions of departed clients are unmapped once their last transfer ends. */
 		kvp_region_reap(&n->regions);
 		n->next_reap_ns = now + REAP_PERIOD_NS;
