@@ -676,20 +676,26 @@ static const struct method methods[] = {
 	{ "doctor", admin_doctor },
 };
 
+/*
+ * Serialise @p reply into @p out. A reply that does not fit becomes a
+ * "reply too large" error with the request's id; if even that does not
+ * fit, there is none (0): half a line is never sent.
+ */
 static size_t
 emit(json_t *reply, json_t *id, char *out, size_t outlen)
 {
-	size_t len = json_dumpb(reply, out, outlen, JSON_COMPACT);
+	const char *why = reply ? "reply too large" : "cannot build the reply";
+	size_t len = reply ? json_dumpb(reply, out, outlen, JSON_COMPACT) : 0;
 
-	(void)id;
 	json_decref(reply);
-	if (len > outlen) {
-		/* Never sent half a reply: say it did not fit instead. */
-		len = (size_t)snprintf(out, outlen,
-				       "{\"jsonrpc\":\"2.0\",\"id\":null,\"error\":{\"code\":-32603,"
-				       "\"message\":\"reply too large\"}}");
-	}
-	return len;
+	if (len > 0 && len <= outlen)
+		return len;
+	reply = json_pack("{s:s, s:O, s:{s:i, s:s}}", "jsonrpc", "2.0", "id",
+			  id ? id : json_null(), "error", "code", RPC_INTERNAL_ERROR, "message",
+			  why);
+	len = reply ? json_dumpb(reply, out, outlen, JSON_COMPACT) : 0;
+	json_decref(reply);
+	return len <= outlen ? len : 0;
 }
 
 static size_t

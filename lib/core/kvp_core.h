@@ -1011,9 +1011,11 @@ unsigned kvp_admin_open(const struct kvp_node *n);
 
 /**
  * Handle one JSON-RPC request line; the reply (one line, no newline) is
- * written to @p out. Used by the admin socket and by tests.
+ * written to @p out. A result that does not fit becomes a "reply too large"
+ * error with the request's id. Used by the admin socket and by tests.
  *
- * @return reply length; 0 when the request was a notification (no reply)
+ * @return reply length (at most @p outlen); 0 when the request was a
+ *   notification, or when @p outlen cannot hold even the error reply
  */
 size_t kvp_admin_handle(struct kvp_node *n, const char *line, size_t len, char *out,
 			size_t outlen);
