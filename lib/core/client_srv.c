@@ -485,12 +485,15 @@ kvp_client_gone(struct kvp_node *n, struct kvp_chan *ch)
 }
 
 void
-kvp_client_broken(struct kvp_node *n, struct kvp_chan *ch)
+kvp_client_broken(struct kvp_node *n, struct kvp_chan *ch, const char *why)
 {
 	struct kvp_client_conn *c = client_of_chan(n, ch);
+	char msg[192];
 
-	if (c)
-		kvp_client_drop(n, c, "broke the ring protocol; disconnected");
+	if (!c)
+		return;
+	snprintf(msg, sizeof(msg), "broke the ring protocol (%s); disconnected", why);
+	kvp_client_drop(n, c, msg);
 }
 
 /* A connection that never says HELLO must not hold a client slot. */

@@ -75,6 +75,13 @@ const char *kvp_log_level_name(int level);
 /** CLOCK_MONOTONIC in nanoseconds (comparable with the client's submit_ns). */
 uint64_t kvp_mono_ns(void);
 
+/** @p t + @p rel, saturating: a relative time near UINT64_MAX means "never", not the past. */
+static inline uint64_t
+kvp_time_after(uint64_t t, uint64_t rel)
+{
+	return rel > UINT64_MAX - t ? UINT64_MAX : t + rel;
+}
+
 /* ---- configuration ---- */
 
 #define KVP_PEERS_MAX 64
@@ -645,6 +652,7 @@ struct kvp_chan {
 	uint32_t inflight;
 	bool broken; /**< protocol violation; the main lcore disconnects it */
 	bool broken_sent;
+	char broken_why[128]; /**< which index or entry was impossible, with its value */
 	struct kvp_xfer *backlog_head;
 	struct kvp_xfer *backlog_tail;
 };
@@ -703,7 +711,7 @@ struct kvp_msg {
 	struct kvp_chan *chan;
 	uint32_t client;  /**< CANCEL: client id */
 	uint64_t user_id; /**< CANCEL */
-	char reason[64];
+	char reason[128];
 };
 
 struct kvp_worker {
@@ -984,7 +992,7 @@ void kvp_client_accept(struct kvp_node *n);
 void kvp_client_input(struct kvp_node *n, uint32_t slot);
 void kvp_client_drop(struct kvp_node *n, struct kvp_client_conn *c, const char *why);
 void kvp_client_gone(struct kvp_node *n, struct kvp_chan *ch);
-void kvp_client_broken(struct kvp_node *n, struct kvp_chan *ch);
+void kvp_client_broken(struct kvp_node *n, struct kvp_chan *ch, const char *why);
 void kvp_client_timers(struct kvp_node *n, uint64_t now);
 
 /* peer.c */

@@ -284,7 +284,7 @@ drain_outboxes(struct kvp_node *n)
 				else if (m->type == KVP_MSG_CHAN_GONE)
 					kvp_client_gone(n, m->chan);
 				else if (m->type == KVP_MSG_CHAN_BROKEN)
-					kvp_client_broken(n, m->chan);
+					kvp_client_broken(n, m->chan, m->reason);
 				rte_mempool_put(n->msg_pool, m);
 			}
 		}
