@@ -23,10 +23,10 @@
 #include "kvp_core.h"
 
 /* Fixed replies for connections cut off before a request could be parsed. */
-#define BUSY_LINE                                                                          \
+#define BUSY_LINE                                                                             \
 	"{\"jsonrpc\":\"2.0\",\"id\":null,\"error\":{\"code\":-32001,\"message\":\"too many " \
 	"admin connections\"}}\n"
-#define TOO_LONG_LINE                                                                      \
+#define TOO_LONG_LINE                                                                        \
 	"{\"jsonrpc\":\"2.0\",\"id\":null,\"error\":{\"code\":-32600,\"message\":\"request " \
 	"line too long\"}}\n"
 
@@ -120,8 +120,8 @@ serve(struct kvp_node *n, uint32_t slot, uint64_t now)
 	bool answered = false;
 
 	while (!a->out && (nl = memchr(start, '\n', a->len - (uint32_t)(start - a->buf)))) {
-		size_t rl = kvp_admin_handle(n, start, (size_t)(nl - start), reply,
-					     sizeof(reply) - 1);
+		size_t rl =
+			kvp_admin_handle(n, start, (size_t)(nl - start), reply, sizeof(reply) - 1);
 
 		start = nl + 1;
 		answered = true;

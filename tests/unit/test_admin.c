@@ -67,7 +67,8 @@ sweep(const char *what, const char *req, json_t *want_id, bool result, size_t er
 		CHECK(rl <= outlen);
 		for (size_t i = outlen; i < full + 64; i++)
 			if ((unsigned char)buf[i] != CANARY) {
-				fprintf(stderr, "%s: outlen %zu: byte %zu written\n", what, outlen, i);
+				fprintf(stderr, "%s: outlen %zu: byte %zu written\n", what, outlen,
+					i);
 				check_failures++;
 				break;
 			}
@@ -96,8 +97,9 @@ main(void)
 
 	static const char err7[] =
 		"{\"jsonrpc\":\"2.0\",\"id\":7,\"error\":{\"code\":-32603,\"message\":\"reply too large\"}}";
-	static const char errstr[] = "{\"jsonrpc\":\"2.0\",\"id\":\"abc\",\"error\":{\"code\":-32603,"
-				     "\"message\":\"reply too large\"}}";
+	static const char errstr[] =
+		"{\"jsonrpc\":\"2.0\",\"id\":\"abc\",\"error\":{\"code\":-32603,"
+		"\"message\":\"reply too large\"}}";
 	static const char errnull[] = "{\"jsonrpc\":\"2.0\",\"id\":null,\"error\":{\"code\":-32603,"
 				      "\"message\":\"reply too large\"}}";
 	json_t *id7 = json_integer(7), *idabc = json_string("abc"), *idnull = json_null();
