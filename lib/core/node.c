@@ -29,24 +29,24 @@
 #define MSG_POOL_SIZE 4095
 #define REAP_PERIOD_NS 10000000ull
 
-int
-kvp_node_watch(struct kvp_node *n, int fd, uint32_t events, enum kvp_ep_kind k, uint32_t idx)
+static int
+watch_ctl(struct kvp_node *n, int op, int fd, uint32_t events, enum kvp_ep_kind k, uint32_t idx)
 {
 	struct epoll_event ev = { .events = events, .data.u64 = kvp_ep_tag(k, idx) };
 
-	if (epoll_ctl(n->epfd, EPOLL_CTL_ADD, fd, &ev) < 0)
-		return -errno;
-	return 0;
+	return epoll_ctl(n->epfd, op, fd, &ev) < 0 ? -errno : 0;
+}
+
+int
+kvp_node_watch(struct kvp_node *n, int fd, uint32_t events, enum kvp_ep_kind k, uint32_t idx)
+{
+	return watch_ctl(n, EPOLL_CTL_ADD, fd, events, k, idx);
 }
 
 int
 kvp_node_rewatch(struct kvp_node *n, int fd, uint32_t events, enum kvp_ep_kind k, uint32_t idx)
 {
-	struct epoll_event ev = { .events = events, .data.u64 = kvp_ep_tag(k, idx) };
-
-	if (epoll_ctl(n->epfd, EPOLL_CTL_MOD, fd, &ev) < 0)
-		return -errno;
-	return 0;
+	return watch_ctl(n, EPOLL_CTL_MOD, fd, events, k, idx);
 }
 
 void
