@@ -1,9 +1,8 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
- * Admin socket (main lcore): JSON-RPC 2.0, one object per line. Requests
- * are parsed with jansson; every malformed request gets a JSON-RPC error
- * and the connection stays usable, except a line longer than
- * KVP_ADMIN_LINEMAX, which closes it (nothing sane follows it).
+ * Admin requests (main lcore): JSON-RPC 2.0, one object per line, parsed
+ * with jansson; every malformed request gets a JSON-RPC error. The methods
+ * live here; connections and their bounds in admin_conn.c.
  */
 #include <ctype.h>
 #include <errno.h>
@@ -12,9 +11,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <stdarg.h>
-#include <sys/epoll.h>
-#include <sys/select.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <fcntl.h>
@@ -25,10 +21,6 @@
 
 #include "admin_priv.h"
 #include "kvp_core.h"
-
-
-/* Big enough for the Prometheus text with JSON escaping. */
-#define REPLY_MAX (2 * KVP_STATS_TEXT_MAX)
 
 
 json_t *
@@ -135,11 +127,11 @@ m_status(struct kvp_node *n, json_t *params, struct rpc_err *e)
 	admin_gather(n, &t);
 	return json_pack("{s:s, s:s, s:i, s:f, s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:b, s:b, s:I, s:i}",
 			 "node_id", n->cfg.node_id, "version", KVP_VERSION, "pid", (int)getpid(),
-			 "admin_uptime_s", admin_uptime_s(n), "transport", n->tops->name, "workers",
+			 "uptime_s", admin_uptime_s(n), "transport", n->tops->name, "workers",
 			 (int)n->nworkers, "clients", (int)n->nclients, "regions",
 			 (int)n->regions.used, "inflight", (int)t.inflight, "peers",
-			 (int)n->cfg.npeers, "admin_peers_up", (int)admin_peers_up(n), "draining",
-			 n->draining, "stats_enabled", n->cfg.stats_enabled, "admin_gpu_region_bytes",
+			 (int)n->cfg.npeers, "peers_up", (int)admin_peers_up(n), "draining",
+			 n->draining, "stats_enabled", n->cfg.stats_enabled, "gpu_region_bytes",
 			 (json_int_t)admin_gpu_region_bytes(n), "gpus", n->ngpus > 0 ? n->ngpus : 0);
 }
 
@@ -274,11 +266,20 @@ m_stats(struct kvp_node *n, json_t *params, struct rpc_err *e)
 				  (json_int_t)n->cfg.stage_buf, "in_use", (json_int_t)t.stage_used,
 				  "high_water", (json_int_t)t.stage_hwm, "waits",
 				  (json_int_t)t.stage_waits, "host", n->cfg.stage_host);
-	return json_pack("{s:s, s:f, s:s, s:o, s:o, s:o, s:o, s:o, s:o, s:i, s:o, s:o}", "node_id",
-			 n->cfg.node_id, "admin_uptime_s", admin_uptime_s(n), "transport", n->tops->name,
-			 "totals", totals, "completions", comp, "staging", stage, "peers", peers,
-			 "clients", clients_json(n), "workers", workers, "regions",
-			 (int)n->regions.used, "latency", latency_json(n), "rdma", admin_rdma_json(n));
+	const struct kvp_admin_stats *as = &n->admin_stats;
+	json_t *refused = json_pack("{s:I, s:I}", "credentials",
+				    (json_int_t)n->clients_refused_cred, "limit",
+				    (json_int_t)n->clients_refused_limit);
+	json_t *admin = json_pack("{s:i, s:I, s:I, s:I, s:I, s:I}", "connections",
+				  (int)kvp_admin_open(n), "accepted", (json_int_t)as->accepted,
+				  "refused", (json_int_t)as->refused, "slow", (json_int_t)as->slow,
+				  "idle", (json_int_t)as->idle, "too_long", (json_int_t)as->too_long);
+	return json_pack("{s:s, s:f, s:s, s:o, s:o, s:o, s:o, s:o, s:o, s:i, s:o, s:o, s:o, s:o}",
+			 "node_id", n->cfg.node_id, "uptime_s", admin_uptime_s(n), "transport",
+			 n->tops->name, "totals", totals, "completions", comp, "staging", stage,
+			 "peers", peers, "clients", clients_json(n), "workers", workers, "regions",
+			 (int)n->regions.used, "latency", latency_json(n), "clients_refused", refused,
+			 "admin", admin, "rdma", admin_rdma_json(n));
 }
 
 static json_t *
@@ -678,19 +679,26 @@ static const struct method methods[] = {
 	{ "rail_resume", admin_rail_resume },
 };
 
+/*
+ * Serialise @p reply into @p out. A reply that does not fit becomes a
+ * "reply too large" error with the request's id; if even that does not
+ * fit, there is none (0): half a line is never sent.
+ */
 static size_t
-emit(json_t *reply, char *out, size_t outlen)
+emit(json_t *reply, json_t *id, char *out, size_t outlen)
 {
-	size_t len = json_dumpb(reply, out, outlen, JSON_COMPACT);
+	const char *why = reply ? "reply too large" : "cannot build the reply";
+	size_t len = reply ? json_dumpb(reply, out, outlen, JSON_COMPACT) : 0;
 
 	json_decref(reply);
-	if (len > outlen) {
-		/* Never sent half a reply: say it did not fit instead. */
-		len = (size_t)snprintf(out, outlen,
-				       "{\"jsonrpc\":\"2.0\",\"id\":null,\"error\":{\"code\":-32603,"
-				       "\"message\":\"reply too large\"}}");
-	}
-	return len;
+	if (len > 0 && len <= outlen)
+		return len;
+	reply = json_pack("{s:s, s:O, s:{s:i, s:s}}", "jsonrpc", "2.0", "id",
+			  id ? id : json_null(), "error", "code", RPC_INTERNAL_ERROR, "message",
+			  why);
+	len = reply ? json_dumpb(reply, out, outlen, JSON_COMPACT) : 0;
+	json_decref(reply);
+	return len <= outlen ? len : 0;
 }
 
 static size_t
@@ -698,7 +706,7 @@ rpc_error(json_t *id, int code, const char *msg, char *out, size_t outlen)
 {
 	json_t *r = json_pack("{s:s, s:O, s:{s:i, s:s}}", "jsonrpc", "2.0", "id",
 			      id ? id : json_null(), "error", "code", code, "message", msg);
-	return emit(r, out, outlen);
+	return emit(r, id, out, outlen);
 }
 
 size_t
@@ -762,113 +770,9 @@ kvp_admin_handle(struct kvp_node *n, const char *line, size_t len, char *out, si
 		rlen = 0;
 		goto out;
 	}
-	rlen = emit(json_pack("{s:s, s:O, s:o}", "jsonrpc", "2.0", "id", id, "result", result), out,
-		    outlen);
+	rlen = emit(json_pack("{s:s, s:O, s:o}", "jsonrpc", "2.0", "id", id, "result", result), id,
+		    out, outlen);
 out:
 	json_decref(req);
 	return rlen;
-}
-
-void
-kvp_admin_accept(struct kvp_node *n)
-{
-	int fd = accept4(n->admin_lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
-
-	if (fd < 0)
-		return;
-	for (uint32_t i = 0; i < KVP_ADMIN_CONNS; i++) {
-		if (n->admin[i].fd >= 0)
-			continue;
-		n->admin[i].fd = fd;
-		n->admin[i].len = 0;
-		kvp_node_watch(n, fd, EPOLLIN | EPOLLRDHUP, KVP_EP_ADMIN, i);
-		return;
-	}
-	KVP_LOG_RL(WARNING, core, "admin connection refused: %u already open", KVP_ADMIN_CONNS);
-	close(fd);
-}
-
-static void
-admin_close(struct kvp_node *n, struct kvp_admin_conn *a)
-{
-	kvp_node_unwatch(n, a->fd);
-	close(a->fd);
-	a->fd = -1;
-}
-
-/* Replies are small and the socket is local: a blocking-free best effort with a bound. */
-static bool
-admin_write(int fd, const char *buf, size_t len)
-{
-	size_t off = 0;
-	int spins = 0;
-
-	while (off < len) {
-		ssize_t w = send(fd, buf + off, len - off, MSG_NOSIGNAL | MSG_DONTWAIT);
-
-		if (w > 0) {
-			off += (size_t)w;
-			continue;
-		}
-		if (w < 0 && errno == EAGAIN && spins++ < 1000) {
-			struct timeval tv = { 0, 1000 };
-
-			select(0, NULL, NULL, NULL, &tv);
-			continue;
-		}
-		return false;
-	}
-	return true;
-}
-
-void
-kvp_admin_input(struct kvp_node *n, uint32_t slot)
-{
-	struct kvp_admin_conn *a = &n->admin[slot];
-	static char reply[REPLY_MAX];
-
-	for (;;) {
-		ssize_t r = recv(a->fd, a->buf + a->len, KVP_ADMIN_LINEMAX - a->len, MSG_DONTWAIT);
-
-		if (r < 0 && (errno == EAGAIN || errno == EINTR))
-			return;
-		if (r <= 0) {
-			admin_close(n, a);
-			return;
-		}
-		a->len += (uint32_t)r;
-		char *start = a->buf, *nl;
-		while ((nl = memchr(start, '\n', a->len - (uint32_t)(start - a->buf)))) {
-			size_t rl = kvp_admin_handle(n, start, (size_t)(nl - start), reply,
-						     sizeof(reply) - 1);
-
-			if (rl) {
-				reply[rl++] = '\n';
-				if (!admin_write(a->fd, reply, rl)) {
-					admin_close(n, a);
-					return;
-				}
-			}
-			start = nl + 1;
-		}
-		a->len -= (uint32_t)(start - a->buf);
-		memmove(a->buf, start, a->len);
-		if (a->len == KVP_ADMIN_LINEMAX) {
-			size_t rl = rpc_error(NULL, RPC_INVALID_REQUEST, "request line too long",
-					      reply, sizeof(reply) - 1);
-
-			reply[rl++] = '\n';
-			admin_write(a->fd, reply, rl);
-			admin_close(n, a);
-			return;
-		}
-	}
-}
-
-void
-kvp_admin_close_all(struct kvp_node *n)
-{
-	for (uint32_t i = 0; i < KVP_ADMIN_CONNS; i++)
-		if (n->admin[i].fd >= 0)
-			admin_close(n, &n->admin[i]);
 }

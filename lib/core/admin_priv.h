@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
-/* Admin internals shared by admin.c (JSON-RPC, methods), doctor.c and prom.c. */
+/* Admin internals shared by admin.c (JSON-RPC, methods), admin_conn.c, doctor.c and prom.c. */
 #ifndef ADMIN_PRIV_H
 #define ADMIN_PRIV_H
 
@@ -12,6 +12,9 @@
 #define RPC_METHOD_NOT_FOUND -32601
 #define RPC_INVALID_PARAMS   -32602
 #define RPC_INTERNAL_ERROR   -32603
+/* The largest reply line: the Prometheus text with JSON escaping. */
+#define ADMIN_REPLY_MAX (2 * KVP_STATS_TEXT_MAX)
+
 /* Application errors (JSON-RPC reserves -32000..-32099 for servers). */
 #define RPC_REFUSED -32001 /* a well-formed request the node will not carry out */
 

@@ -20,8 +20,6 @@
 
 #include "kvp_core.h"
 
-#define MAX_RING_ENTRIES (1u << 16)
-
 static int
 send_reply(struct kvp_client_conn *c, struct kvp_ctrl_rep *rep, const int *fds, unsigned nfds)
 {
@@ -58,10 +56,15 @@ rep_error(struct kvp_ctrl_rep *rep, int err, const char *fmt, ...)
 	va_end(ap);
 }
 
+/*
+ * A ring size the client may ask for: a power of two no larger than the
+ * configured default, so that max_clients channels stay within the memory
+ * the configuration plans for.
+ */
 static bool
-ring_size_ok(uint32_t v)
+ring_size_ok(uint32_t v, uint32_t max)
 {
-	return v >= 2 && v <= MAX_RING_ENTRIES && (v & (v - 1)) == 0;
+	return v >= 2 && v <= max && (v & (v - 1)) == 0;
 }
 
 static void
@@ -77,9 +80,11 @@ do_hello(struct kvp_node *n, struct kvp_client_conn *c, const struct kvp_ctrl_re
 		rep_error(rep, -EALREADY, "HELLO already done on this connection");
 		return;
 	}
-	if (!ring_size_ok(sqn) || !ring_size_ok(cqn)) {
-		rep_error(rep, -EINVAL, "ring sizes must be powers of two in [2, %u]",
-			  MAX_RING_ENTRIES);
+	if (!ring_size_ok(sqn, n->cfg.sq_entries) || !ring_size_ok(cqn, n->cfg.cq_entries)) {
+		rep_error(rep, -EINVAL,
+			  "ring sizes sq %u, cq %u: each must be a power of two from 2 up to this "
+			  "node's limits.sq_entries (%u) and limits.cq_entries (%u)",
+			  sqn, cqn, n->cfg.sq_entries, n->cfg.cq_entries);
 		return;
 	}
 	size_t len = kvp_chan_size(sqn, cqn);
@@ -280,19 +285,64 @@ handle_req(struct kvp_node *n, struct kvp_client_conn *c, const struct kvp_ctrl_
 		kvp_client_drop(n, c, "reply failed");
 }
 
+/* True if @p gid is among the peer's supplementary groups (as of its connect()). */
+static bool
+peer_in_group(int fd, gid_t gid)
+{
+	gid_t small[64], *g = small;
+	socklen_t len = sizeof(small);
+	bool found = false;
+
+	if (getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, g, &len) < 0) {
+		/* ERANGE: len now says how much room the list needs. */
+		if (errno != ERANGE || !(g = malloc(len)))
+			return false;
+		if (getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, g, &len) < 0)
+			len = 0;
+	}
+	for (size_t i = 0; i < len / sizeof(gid_t); i++)
+		found |= g[i] == gid;
+	if (g != small)
+		free(g);
+	return found;
+}
+
+/*
+ * Only our own user, root, or a member of client_group may hand us memory.
+ * The socket file's mode keeps others out already; this check holds even
+ * where a looser file mode or a passed descriptor would let them in.
+ */
+static bool
+peer_allowed(const struct kvp_node *n, int fd, struct ucred *cred)
+{
+	socklen_t clen = sizeof(*cred);
+
+	if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, cred, &clen) < 0) {
+		memset(cred, 0xff, sizeof(*cred));
+		return false;
+	}
+	if (cred->uid == geteuid() || cred->uid == 0)
+		return true;
+	if (n->cfg.client_group.name[0] == '\0')
+		return false;
+	return cred->gid == n->cfg.client_group.gid || peer_in_group(fd, n->cfg.client_group.gid);
+}
+
 void
 kvp_client_accept(struct kvp_node *n)
 {
 	int fd = accept4(n->client_lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
 	struct ucred cred;
-	socklen_t clen = sizeof(cred);
 
 	if (fd < 0)
 		return;
-	/* Only our own user (or root) may hand us memory. */
-	if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &clen) < 0 ||
-	    (cred.uid != geteuid() && cred.uid != 0)) {
-		KVP_LOG(WARNING, core, "client connection from uid %u refused", cred.uid);
+	if (!peer_allowed(n, fd, &cred)) {
+		n->clients_refused_cred++;
+		KVP_LOG_RL(WARNING, core,
+			   "client connection refused: pid %d uid %u gid %u is not uid %u, not root "
+			   "and not in client_group %s",
+			   (int)cred.pid, cred.uid, cred.gid, (unsigned)geteuid(),
+			   n->cfg.client_group.name[0] ? n->cfg.client_group.name : "(none set)");
 		close(fd);
 		return;
 	}
@@ -315,8 +365,9 @@ kvp_client_accept(struct kvp_node *n)
 		kvp_node_watch(n, fd, EPOLLIN | EPOLLRDHUP, KVP_EP_CLIENT, i);
 		return;
 	}
-	KVP_LOG_RL(WARNING, core, "client refused: limits.max_clients (%u) reached",
-		   n->cfg.max_clients);
+	n->clients_refused_limit++;
+	KVP_LOG_RL(WARNING, core, "client (pid %d) refused: limits.max_clients (%u) reached",
+		   (int)cred.pid, n->cfg.max_clients);
 	close(fd);
 }
 
@@ -434,12 +485,15 @@ kvp_client_gone(struct kvp_node *n, struct kvp_chan *ch)
 }
 
 void
-kvp_client_broken(struct kvp_node *n, struct kvp_chan *ch)
+kvp_client_broken(struct kvp_node *n, struct kvp_chan *ch, const char *why)
 {
 	struct kvp_client_conn *c = client_of_chan(n, ch);
+	char msg[192];
 
-	if (c)
-		kvp_client_drop(n, c, "broke the ring protocol; disconnected");
+	if (!c)
+		return;
+	snprintf(msg, sizeof(msg), "broke the ring protocol (%s); disconnected", why);
+	kvp_client_drop(n, c, msg);
 }
 
 /* A connection that never says HELLO must not hold a client slot. */

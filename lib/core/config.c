@@ -7,6 +7,7 @@
  * fields with relaxed loads.
  */
 #include <errno.h>
+#include <grp.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,6 +25,7 @@ enum ctype {
 	CT_TRANSPORT, /* "tcp" | "rdma" | "auto" */
 	CT_LOGLEVEL,  /* rte_log level name */
 	CT_SECRET_FILE, /* path whose first line becomes auth_secret */
+	CT_GROUP,	/* group name or number into struct kvp_group */
 };
 
 /* Row flags. */
@@ -51,6 +53,8 @@ static const struct conf_row rows[] = {
 	STR("node_id", node_id, ""),
 	STR("client_socket", client_socket, "/run/kvproxy/kvproxy.sock"),
 	STR("admin_socket", admin_socket, "/run/kvproxy/admin.sock"),
+	{ "client_group", CT_GROUP, F(client_group), 0, 0, 0, "", 0 },
+	{ "admin_group", CT_GROUP, F(admin_group), 0, 0, 0, "", 0 },
 	{ "listen", CT_HOSTPORT, F(listen_host), 0, 0, 0, "0.0.0.0:7400", 0 },
 	{ "transport", CT_TRANSPORT, F(transport), 0, 0, 0, "tcp", 0 },
 	{ "log_level", CT_LOGLEVEL, F(log_level), 0, 0, 0, "info", RT },
@@ -65,6 +69,8 @@ static const struct conf_row rows[] = {
 	U32("timeouts.peer_ms", peer_timeout_ms, 10, 600000, 1000),
 	U32("timeouts.reconnect_ms", reconnect_ms, 1, 60000, 200),
 	U32_RT("timeouts.admission_ms", admission_timeout_ms, 1, 3600000, 1000),
+	U32_RT("timeouts.admin_ms", admin_timeout_ms, 10, 600000, 5000),
+	U32_RT("timeouts.admin_idle_ms", admin_idle_ms, 10, 86400000, 60000),
 	{ "poll.busy", CT_BOOL, F(busy_poll), 0, 0, 0, NULL, RT },
 	U32_RT("poll.idle_us", idle_us, 0, 10000000, 200),
 	U32("tcp.frame_max", tcp_frame_max, 4096, 1u << 30, 4u << 20),
@@ -147,6 +153,77 @@ parse_transport(const char *s)
 	return -EINVAL;
 }
 
+/* Strict decimal: digits only, no sign, no blanks, no overflow. */
+static int
+parse_u64(const char *v, unsigned long long *out)
+{
+	unsigned long long x = 0;
+
+	if (*v == '\0')
+		return -EINVAL;
+	for (; *v; v++) {
+		if (*v < '0' || *v > '9' || x > (~0ull - 9) / 10)
+			return -EINVAL;
+		x = x * 10 + (unsigned)(*v - '0');
+	}
+	*out = x;
+	return 0;
+}
+
+/*
+ * A group by name (group database, so NSS sources count) or by number; ""
+ * is none. Looked up when the file is read, so that a typo is an error at
+ * its line rather than a socket owned by the wrong group.
+ */
+static int
+lookup_group(const char *v, struct kvp_group *g, const char **why)
+{
+	struct group gr, *res = NULL;
+	unsigned long long id;
+	size_t cap = 4096;
+	char *buf = NULL;
+	int rc;
+
+	memset(g, 0, sizeof(*g));
+	if (v[0] == '\0')
+		return 0;
+	if (strlen(v) >= sizeof(g->name)) {
+		*why = "group name too long";
+		return -EINVAL;
+	}
+	if (parse_u64(v, &id) == 0) {
+		if (id >= UINT32_MAX) {
+			*why = "group number out of range";
+			return -EINVAL;
+		}
+		g->gid = (uint32_t)id;
+		strcpy(g->name, v);
+		return 0;
+	}
+	/* Groups with many members need a larger buffer: grow on ERANGE. */
+	do {
+		char *nb = realloc(buf, cap);
+
+		if (!nb) {
+			rc = ENOMEM;
+			break;
+		}
+		buf = nb;
+		rc = getgrnam_r(v, &gr, buf, cap, &res);
+		cap *= 2;
+	} while (rc == ERANGE && cap <= (1u << 24));
+	free(buf);
+	if (!res) {
+		/* Some NSS modules report "not found" as ENOENT or ESRCH. */
+		*why = rc == 0 || rc == ENOENT || rc == ESRCH ? "no such group"
+							     : "cannot read the group database";
+		return -EINVAL;
+	}
+	g->gid = (uint32_t)gr.gr_gid;
+	strcpy(g->name, v);
+	return 0;
+}
+
 /* Apply a string value to a row; shared by defaults and the file. */
 static int
 set_str(struct kvp_config *cfg, const struct conf_row *r, const char *v, const char **why)
@@ -185,6 +262,8 @@ set_str(struct kvp_config *cfg, const struct conf_row *r, const char *v, const c
 		}
 		cfg->log_level = t;
 		return 0;
+	case CT_GROUP:
+		return lookup_group(v, (struct kvp_group *)dst, why);
 	case CT_SECRET_FILE: {
 		FILE *f;
 
@@ -276,8 +355,13 @@ apply_setting(struct kvp_config *cfg, const struct conf_row *r, config_setting_t
 	}
 	if (type != CONFIG_TYPE_STRING)
 		return fail_at(e, s, "%s: expected a string", r->path);
-	if (set_str(cfg, r, config_setting_get_string(s), &why) < 0)
+	if (set_str(cfg, r, config_setting_get_string(s), &why) < 0) {
+		/* Name the group: the reason alone does not say which word was wrong. */
+		if (r->type == CT_GROUP)
+			return fail_at(e, s, "%s: %s: '%.64s'", r->path, why,
+				       config_setting_get_string(s));
 		return fail_at(e, s, "%s: %s", r->path, why);
+	}
 	return 0;
 }
 
@@ -467,6 +551,8 @@ static const struct {
 	{ "node_id", "the node's identity: peers know it by this id" },
 	{ "client_socket", "the socket is bound at start" },
 	{ "admin_socket", "the socket is bound at start" },
+	{ "client_group", "the client socket is created with its group at start" },
+	{ "admin_group", "the admin socket is created with its group at start" },
 	{ "listen", "the peer listener is bound at start" },
 	{ "transport", "the transport is chosen and built at start" },
 	{ "limits.", "tables and rings are sized from it at start (memory never grows)" },
@@ -547,27 +633,13 @@ kvp_config_get(const struct kvp_config *cfg, const char *key, char *buf, size_t 
 		snprintf(buf, len, "%s",
 			 kvp_log_level_name(__atomic_load_n(&cfg->log_level, __ATOMIC_RELAXED)));
 		break;
+	case CT_GROUP:
+		snprintf(buf, len, "%s", ((const struct kvp_group *)p)->name);
+		break;
 	default:
 		snprintf(buf, len, "%s", p);
 		break;
 	}
-	return 0;
-}
-
-/* Strict decimal: digits only, no sign, no blanks, no overflow. */
-static int
-parse_u64(const char *v, unsigned long long *out)
-{
-	unsigned long long x = 0;
-
-	if (*v == '\0')
-		return -EINVAL;
-	for (; *v; v++) {
-		if (*v < '0' || *v > '9' || x > (~0ull - 9) / 10)
-			return -EINVAL;
-		x = x * 10 + (unsigned)(*v - '0');
-	}
-	*out = x;
 	return 0;
 }
 

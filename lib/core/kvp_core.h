@@ -75,6 +75,13 @@ const char *kvp_log_level_name(int level);
 /** CLOCK_MONOTONIC in nanoseconds (comparable with the client's submit_ns). */
 uint64_t kvp_mono_ns(void);
 
+/** @p t + @p rel, saturating: a relative time near UINT64_MAX means "never", not the past. */
+static inline uint64_t
+kvp_time_after(uint64_t t, uint64_t rel)
+{
+	return rel > UINT64_MAX - t ? UINT64_MAX : t + rel;
+}
+
 /* ---- configuration ---- */
 
 #define KVP_PEERS_MAX 64
@@ -92,10 +99,18 @@ enum kvp_transport_kind {
 	KVP_TRANSPORT_AUTO,
 };
 
+/** A group named in the configuration, looked up when the file is read. */
+struct kvp_group {
+	char name[64]; /**< as configured (a name or a number); "" = none */
+	uint32_t gid;
+};
+
 struct kvp_config {
 	char node_id[KVP_NODE_ID_MAX];
 	char client_socket[KVP_PATH_MAX];
 	char admin_socket[KVP_PATH_MAX];
+	struct kvp_group client_group; /**< owns the client socket; its members may connect */
+	struct kvp_group admin_group;  /**< owns the admin socket (mode 0660) */
 	char listen_host[64];
 	uint16_t listen_port;
 	int transport; /**< enum kvp_transport_kind */
@@ -113,6 +128,8 @@ struct kvp_config {
 	uint32_t peer_timeout_ms;
 	uint32_t reconnect_ms;
 	uint32_t admission_timeout_ms;
+	uint32_t admin_timeout_ms; /**< an admin request line or reply must finish within this */
+	uint32_t admin_idle_ms;	   /**< an admin connection with nothing to do is closed after this */
 
 	bool busy_poll;
 	uint32_t idle_us;
@@ -756,6 +773,7 @@ struct kvp_chan {
 	uint32_t inflight;
 	bool broken; /**< protocol violation; the main lcore disconnects it */
 	bool broken_sent;
+	char broken_why[128]; /**< which index or entry was impossible, with its value */
 	struct kvp_xfer *backlog_head;
 	struct kvp_xfer *backlog_tail;
 };
@@ -814,7 +832,7 @@ struct kvp_msg {
 	struct kvp_chan *chan;
 	uint32_t client;  /**< CANCEL: client id */
 	uint64_t user_id; /**< CANCEL */
-	char reason[64];
+	char reason[128];
 };
 
 struct kvp_worker {
@@ -971,10 +989,26 @@ struct kvp_client_conn {
 #define KVP_ADMIN_LINEMAX (64u << 10)
 #define KVP_PENDING_MAX	  16
 
+/** One admin connection (main lcore); see admin_conn.c for its bounds. */
 struct kvp_admin_conn {
 	int fd;
-	uint32_t len;
-	char *buf; /**< KVP_ADMIN_LINEMAX bytes, allocated at start */
+	uint32_t len;	     /**< bytes of unanswered input in buf */
+	char *buf;	     /**< KVP_ADMIN_LINEMAX bytes, allocated at start */
+	uint64_t active_ns;  /**< accepted or last answered: the idle bound runs from here */
+	uint64_t partial_ns; /**< first byte of the unfinished request line; 0 = none */
+	char *out;	     /**< reply bytes the socket has not taken yet (malloc'd), or NULL */
+	size_t out_len;
+	size_t out_off;
+	uint64_t out_ns; /**< since when out waits for the client to read */
+};
+
+/** Admin connections cut off, by reason (main lcore). */
+struct kvp_admin_stats {
+	uint64_t accepted;
+	uint64_t refused;  /**< KVP_ADMIN_CONNS already open */
+	uint64_t slow;	   /**< a request line or a reply took longer than timeouts.admin_ms */
+	uint64_t idle;	   /**< nothing to do for timeouts.admin_idle_ms */
+	uint64_t too_long; /**< a request line longer than KVP_ADMIN_LINEMAX */
 };
 
 /** An RDMA port as found at start (filled by the application from its probe). */
@@ -1024,8 +1058,11 @@ struct kvp_node {
 	struct kvp_peer peers[KVP_PEERS_MAX];
 	struct kvp_pending_conn pending[KVP_PENDING_MAX];
 	struct kvp_admin_conn admin[KVP_ADMIN_CONNS];
+	struct kvp_admin_stats admin_stats;
 	uint64_t bad_handshakes;
 	uint64_t auth_failures;
+	uint64_t clients_refused_cred;	/**< client connections from a uid/group not allowed */
+	uint64_t clients_refused_limit; /**< client connections beyond limits.max_clients */
 	uint64_t next_reap_ns;
 	volatile bool quit;
 
@@ -1084,7 +1121,7 @@ void kvp_client_accept(struct kvp_node *n);
 void kvp_client_input(struct kvp_node *n, uint32_t slot);
 void kvp_client_drop(struct kvp_node *n, struct kvp_client_conn *c, const char *why);
 void kvp_client_gone(struct kvp_node *n, struct kvp_chan *ch);
-void kvp_client_broken(struct kvp_node *n, struct kvp_chan *ch);
+void kvp_client_broken(struct kvp_node *n, struct kvp_chan *ch, const char *why);
 void kvp_client_timers(struct kvp_node *n, uint64_t now);
 
 /* peer.c */
@@ -1097,16 +1134,25 @@ void kvp_peer_timers(struct kvp_node *n, uint64_t now);
 void kvp_peer_close_all(struct kvp_node *n);
 const char *kvp_peer_state_name(const struct kvp_node *n, uint16_t peer);
 
-/* admin.c */
+/* admin_conn.c */
 void kvp_admin_accept(struct kvp_node *n);
-void kvp_admin_input(struct kvp_node *n, uint32_t slot);
+/** Input or output room on admin connection @p slot (epoll @p events). */
+void kvp_admin_event(struct kvp_node *n, uint32_t slot, uint32_t events);
+/** Close admin connections past their bounds (timeouts.admin_ms, admin_idle_ms). */
+void kvp_admin_timers(struct kvp_node *n, uint64_t now);
 void kvp_admin_close_all(struct kvp_node *n);
+/** Admin connections open now. */
+unsigned kvp_admin_open(const struct kvp_node *n);
+
+/* admin.c */
 
 /**
  * Handle one JSON-RPC request line; the reply (one line, no newline) is
- * written to @p out. Used by the admin socket and by tests.
+ * written to @p out. A result that does not fit becomes a "reply too large"
+ * error with the request's id. Used by the admin socket and by tests.
  *
- * @return reply length; 0 when the request was a notification (no reply)
+ * @return reply length (at most @p outlen); 0 when the request was a
+ *   notification, or when @p outlen cannot hold even the error reply
  */
 size_t kvp_admin_handle(struct kvp_node *n, const char *line, size_t len, char *out,
 			size_t outlen);
@@ -1189,6 +1235,10 @@ kvp_ep_tag(enum kvp_ep_kind k, uint32_t idx)
 
 /** Add @p fd to the node's epoll set. @return 0 or negative errno */
 int kvp_node_watch(struct kvp_node *n, int fd, uint32_t events, enum kvp_ep_kind k, uint32_t idx);
+
+/** Change the events watched on @p fd (tag as given). @return 0 or negative errno */
+int kvp_node_rewatch(struct kvp_node *n, int fd, uint32_t events, enum kvp_ep_kind k,
+		     uint32_t idx);
 
 /** Remove @p fd from the epoll set. */
 void kvp_node_unwatch(struct kvp_node *n, int fd);

@@ -29,14 +29,24 @@
 #define MSG_POOL_SIZE 4095
 #define REAP_PERIOD_NS 10000000ull
 
-int
-kvp_node_watch(struct kvp_node *n, int fd, uint32_t events, enum kvp_ep_kind k, uint32_t idx)
+static int
+watch_ctl(struct kvp_node *n, int op, int fd, uint32_t events, enum kvp_ep_kind k, uint32_t idx)
 {
 	struct epoll_event ev = { .events = events, .data.u64 = kvp_ep_tag(k, idx) };
 
-	if (epoll_ctl(n->epfd, EPOLL_CTL_ADD, fd, &ev) < 0)
-		return -errno;
-	return 0;
+	return epoll_ctl(n->epfd, op, fd, &ev) < 0 ? -errno : 0;
+}
+
+int
+kvp_node_watch(struct kvp_node *n, int fd, uint32_t events, enum kvp_ep_kind k, uint32_t idx)
+{
+	return watch_ctl(n, EPOLL_CTL_ADD, fd, events, k, idx);
+}
+
+int
+kvp_node_rewatch(struct kvp_node *n, int fd, uint32_t events, enum kvp_ep_kind k, uint32_t idx)
+{
+	return watch_ctl(n, EPOLL_CTL_MOD, fd, events, k, idx);
 }
 
 void
@@ -76,14 +86,17 @@ kvp_node_send(struct kvp_node *n, unsigned worker, struct kvp_msg *m)
 
 /*
  * Bind a UNIX stream socket, guarded by "<path>.lock" so that a second
- * daemon configured with the same path fails instead of stealing it.
+ * daemon configured with the same path fails instead of stealing it. The
+ * file ends up mode 0660, owned by @p grp when one is configured.
  */
 static int
-unix_listen(const char *path, mode_t mode, int *lock_fd, char *err, size_t errlen)
+unix_listen(const char *path, const struct kvp_group *grp, int *lock_fd, char *err,
+	    size_t errlen)
 {
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };
-	char lock[KVP_PATH_MAX + 8];
-	int fd, lfd;
+	char lock[KVP_PATH_MAX + 8], chgrp[96];
+	const char *step;
+	int fd, lfd, e;
 
 	if (strlen(path) >= sizeof(sa.sun_path)) {
 		snprintf(err, errlen, "%s: socket path too long", path);
@@ -103,19 +116,45 @@ unix_listen(const char *path, mode_t mode, int *lock_fd, char *err, size_t errle
 	/* We hold the lock, so an existing socket file is stale. */
 	unlink(path);
 	strcpy(sa.sun_path, path);
+	step = "socket";
 	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-	if (fd < 0 || bind(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0 || chmod(path, mode) < 0 ||
-	    listen(fd, 64) < 0) {
-		int e = errno;
-
-		snprintf(err, errlen, "%s: %s", path, strerror(e));
-		if (fd >= 0)
-			close(fd);
-		close(lfd);
-		return -e;
-	}
+	if (fd < 0)
+		goto err_close_lock;
+	/*
+	 * bind() gives the file the socket's own mode: owner only until the
+	 * group is right, so nobody else can connect in between.
+	 */
+	step = "bind";
+	if (fchmod(fd, 0600) < 0 || bind(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0)
+		goto err_close;
+	snprintf(chgrp, sizeof(chgrp), "cannot give it group %s (gid %u)", grp->name, grp->gid);
+	step = chgrp;
+	if (grp->name[0] && chown(path, (uid_t)-1, (gid_t)grp->gid) < 0)
+		goto err_unlink;
+	step = "chmod";
+	if (chmod(path, 0660) < 0)
+		goto err_unlink;
+	step = "listen";
+	if (listen(fd, 64) < 0)
+		goto err_unlink;
 	*lock_fd = lfd;
 	return fd;
+
+err_unlink:
+	e = errno; /* before the clean-up can change it */
+	unlink(path);
+	close(fd);
+	goto err_report;
+err_close:
+	e = errno;
+	close(fd);
+	goto err_report;
+err_close_lock:
+	e = errno;
+err_report:
+	snprintf(err, errlen, "%s: %s: %s", path, step, strerror(e));
+	close(lfd);
+	return -e;
 }
 
 int
@@ -202,11 +241,11 @@ kvp_node_init(struct kvp_node *n, const struct kvp_config *cfg,
 		n->nworkers = i + 1;
 	}
 
-	rc = unix_listen(cfg->client_socket, 0660, &n->lock_fd, err, errlen);
+	rc = unix_listen(cfg->client_socket, &cfg->client_group, &n->lock_fd, err, errlen);
 	if (rc < 0)
 		goto err;
 	n->client_lfd = rc;
-	rc = unix_listen(cfg->admin_socket, 0660, &admin_lock, err, errlen);
+	rc = unix_listen(cfg->admin_socket, &cfg->admin_group, &admin_lock, err, errlen);
 	if (rc < 0)
 		goto err;
 	n->admin_lfd = rc;
@@ -245,7 +284,7 @@ drain_outboxes(struct kvp_node *n)
 				else if (m->type == KVP_MSG_CHAN_GONE)
 					kvp_client_gone(n, m->chan);
 				else if (m->type == KVP_MSG_CHAN_BROKEN)
-					kvp_client_broken(n, m->chan);
+					kvp_client_broken(n, m->chan, m->reason);
 				rte_mempool_put(n->msg_pool, m);
 			}
 		}
@@ -276,7 +315,7 @@ kvp_node_poll(struct kvp_node *n, int timeout_ms)
 			kvp_admin_accept(n);
 			break;
 		case KVP_EP_ADMIN:
-			kvp_admin_input(n, idx);
+			kvp_admin_event(n, idx, evs[i].events);
 			break;
 		case KVP_EP_PEER_LISTEN:
 			kvp_peer_accept(n);
@@ -297,6 +336,7 @@ kvp_node_poll(struct kvp_node *n, int timeout_ms)
 	}
 	if (now >= n->next_reap_ns) {
 		kvp_client_timers(n, now);
+		kvp_admin_timers(n, now);
 		/* Regions of departed clients are unmapped once their last transfer ends. */
 		kvp_region_reap(&n->regions);
 		n->next_reap_ns = now + REAP_PERIOD_NS;

@@ -269,9 +269,7 @@ kvp_peer_out_event(struct kvp_node *n, uint16_t i, uint32_t events)
 			out_fail(n, i, "cannot send HELLO");
 			return;
 		}
-		struct epoll_event ev = { .events = EPOLLIN | EPOLLRDHUP,
-					  .data.u64 = kvp_ep_tag(KVP_EP_PEER_OUT, i) };
-		epoll_ctl(n->epfd, EPOLL_CTL_MOD, p->out_fd, &ev);
+		kvp_node_rewatch(n, p->out_fd, EPOLLIN | EPOLLRDHUP, KVP_EP_PEER_OUT, i);
 		p->out_state = KVP_LINK_HELLO;
 		return;
 	}

@@ -216,6 +216,33 @@ kvp_stats_prometheus(const struct kvp_node *n, char *out, size_t outlen)
 	pb(&b, "kvproxy_bad_handshakes_total{node=\"%s\"} %" PRIu64 "\n", node, n->bad_handshakes);
 	head(&b, "kvproxy_auth_failures_total", "counter", "Peers refused for failed authentication.");
 	pb(&b, "kvproxy_auth_failures_total{node=\"%s\"} %" PRIu64 "\n", node, n->auth_failures);
+	head(&b, "kvproxy_clients_refused_total", "counter",
+	     "Client connections refused: credentials (not our uid, root or client_group), "
+	     "limit (limits.max_clients).");
+	pb(&b, "kvproxy_clients_refused_total{node=\"%s\",reason=\"credentials\"} %" PRIu64 "\n",
+	   node, n->clients_refused_cred);
+	pb(&b, "kvproxy_clients_refused_total{node=\"%s\",reason=\"limit\"} %" PRIu64 "\n", node,
+	   n->clients_refused_limit);
+	head(&b, "kvproxy_admin_connections", "gauge", "Admin connections open.");
+	pb(&b, "kvproxy_admin_connections{node=\"%s\"} %u\n", node, kvp_admin_open(n));
+	head(&b, "kvproxy_admin_refused_total", "counter",
+	     "Admin connections refused: the connection limit was reached.");
+	pb(&b, "kvproxy_admin_refused_total{node=\"%s\"} %" PRIu64 "\n", node,
+	   n->admin_stats.refused);
+	head(&b, "kvproxy_admin_cut_total", "counter",
+	     "Admin connections closed by the daemon: slow (request line or reply beyond "
+	     "timeouts.admin_ms), idle (timeouts.admin_idle_ms), too_long (request line).");
+	static const struct {
+		const char *reason;
+		size_t off;
+	} cut[] = {
+		{ "slow", offsetof(struct kvp_admin_stats, slow) },
+		{ "idle", offsetof(struct kvp_admin_stats, idle) },
+		{ "too_long", offsetof(struct kvp_admin_stats, too_long) },
+	};
+	for (size_t k = 0; k < sizeof(cut) / sizeof(cut[0]); k++)
+		pb(&b, "kvproxy_admin_cut_total{node=\"%s\",reason=\"%s\"} %" PRIu64 "\n", node,
+		   cut[k].reason, *(const uint64_t *)((const char *)&n->admin_stats + cut[k].off));
 	head(&b, "kvproxy_worker_busy_seconds_total", "counter", "Time worker loops found work.");
 	for (unsigned w = 0; w < n->nworkers; w++)
 		pb(&b, "kvproxy_worker_busy_seconds_total{node=\"%s\",lcore=\"%u\"} %.6f\n", node,

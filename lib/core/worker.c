@@ -6,6 +6,8 @@
  * at start and nothing allocates.
  */
 #include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
@@ -138,6 +140,59 @@ notify_client(struct kvp_chan *ch)
 	}
 }
 
+/*
+ * The client broke the ring protocol: say what, with the values, for the
+ * main lcore's log line when it disconnects the client. The first reason wins.
+ */
+static void __attribute__((format(printf, 2, 3)))
+chan_break(struct kvp_chan *ch, const char *fmt, ...)
+{
+	va_list ap;
+
+	if (ch->broken)
+		return;
+	ch->broken = true;
+	va_start(ap, fmt);
+	vsnprintf(ch->broken_why, sizeof(ch->broken_why), fmt, ap);
+	va_end(ap);
+}
+
+/* kvp_ring_count() refused the SQ producer index the client published. */
+static void
+sq_prod_broken(struct kvp_chan *ch)
+{
+	const struct kvp_ring *r = &ch->sq;
+
+	if ((int32_t)(r->bad - r->local) < 0)
+		chan_break(ch, "SQ producer index %u is behind the consumer index %u (ring of %u)",
+			   r->bad, r->local, r->size);
+	else
+		chan_break(ch,
+			   "SQ producer index %u is %u entries past the consumer index %u (ring of "
+			   "%u)",
+			   r->bad, r->bad - r->local, r->local, r->size);
+}
+
+/* kvp_ring_free() refused the CQ consumer index the client published. */
+static void
+cq_cons_broken(struct kvp_chan *ch)
+{
+	const struct kvp_ring *r = &ch->cq;
+
+	int32_t ahead = (int32_t)(r->bad - r->local);
+
+	if (ahead > 0)
+		chan_break(ch,
+			   "CQ consumer index %u is %d entries past the producer index %u (ring of "
+			   "%u)",
+			   r->bad, ahead, r->local, r->size);
+	else
+		chan_break(ch,
+			   "CQ consumer index %u moved back (last seen %u, producer index %u, ring "
+			   "of %u)",
+			   r->bad, r->cached, r->local, r->size);
+}
+
 /* t[b] - t[a] when both stamps were reached (in order), else 0. */
 static inline uint64_t
 span(const uint64_t *t, int a, int b)
@@ -250,7 +305,7 @@ post_done(struct kvp_xfer *x, uint64_t now)
 
 	int rc = kvp_ring_enqueue_bulk(&ch->cq, &c, 1);
 	if (rc < 0) {
-		ch->broken = true;
+		cq_cons_broken(ch);
 		return true; /* the client is being dropped; nothing to deliver to */
 	}
 	if (rc == 0)
@@ -332,7 +387,7 @@ kvp_worker_landed(struct kvp_worker *w, uint16_t peer, uint32_t owner, uint64_t 
 	c.phase_ns[KVP_PH_TOTAL] = delivered - first_ns;
 	int rc = kvp_ring_enqueue_bulk(&ch->cq, &c, 1);
 	if (rc < 0) {
-		ch->broken = true;
+		cq_cons_broken(ch);
 		return;
 	}
 	if (rc == 0) {
@@ -531,15 +586,14 @@ poll_chan(struct kvp_worker *w, struct kvp_chan *ch, uint64_t now)
 		}
 		/* The client publishes a header and its segments at once. */
 		if (h.op != KVP_OP_XFER || h.nseg == 0 || h.nseg > (uint32_t)n - 1) {
-			KVP_LOG_RL(WARNING, core, "client %u (pid %d): malformed submission ring",
-				   ch->id, ch->pid);
-			ch->broken = true;
+			chan_break(ch, "SQ entry at index %u: op %u nseg %u, but %d entries published",
+				   ch->sq.local, h.op, h.nseg, n);
 			return consumed;
 		}
 		/* Every in-flight transfer must be able to complete: keep CQ room. */
 		int room = kvp_ring_free(&ch->cq);
 		if (room < 0) {
-			ch->broken = true;
+			cq_cons_broken(ch);
 			return consumed;
 		}
 		if ((uint32_t)room <= ch->inflight)
@@ -594,10 +648,10 @@ poll_chan(struct kvp_worker *w, struct kvp_chan *ch, uint64_t now)
 		x->ts[KVP_TS_PICKUP] = now;
 		/* Deadlines run from the client's submit. */
 		uint64_t start = x->ts[KVP_TS_SUBMIT] ? x->ts[KVP_TS_SUBMIT] : now;
-		x->deadline_ns =
-			start + (h.timeout_ns ? h.timeout_ns
-					      : (uint64_t)KVP_STAT_READ(w->cfg->default_timeout_ms) *
-							1000000);
+		x->deadline_ns = kvp_time_after(
+			start, h.timeout_ns ? h.timeout_ns
+					    : (uint64_t)KVP_STAT_READ(w->cfg->default_timeout_ms) *
+						      1000000);
 		/* Visible to the admin "transfers" listing once its fields are set. */
 		__atomic_store_n(&x->state, KVP_XS_ACTIVE, __ATOMIC_RELEASE);
 		ch->inflight++;
@@ -626,7 +680,7 @@ poll_chan(struct kvp_worker *w, struct kvp_chan *ch, uint64_t now)
 			fail_now(w, x, KVP_EPEER);
 	}
 	if (n < 0)
-		ch->broken = true;
+		sq_prod_broken(ch); /* from kvp_ring_count(): the loop never takes n below 0 */
 	return consumed;
 }
 
@@ -645,7 +699,7 @@ kvp_worker_poll_chans(struct kvp_worker *w)
 			work += poll_chan(w, ch, now);
 		if (ch && ch->broken && !ch->broken_sent) {
 			ch->broken_sent = true;
-			send_main(w, KVP_MSG_CHAN_BROKEN, 0, false, ch, "ring protocol violation");
+			send_main(w, KVP_MSG_CHAN_BROKEN, 0, false, ch, ch->broken_why);
 		}
 	}
 	return work;

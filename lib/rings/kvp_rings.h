@@ -193,6 +193,7 @@ struct kvp_ring {
 	uint32_t esize;
 	uint32_t local;	 /**< producer: next prod; consumer: next cons */
 	uint32_t cached; /**< producer: last seen cons; consumer: last seen prod */
+	uint32_t bad;	 /**< the other side's index as read when a call returned -EPROTO */
 };
 
 /**
@@ -230,8 +231,10 @@ kvp_ring_free(struct kvp_ring *r)
 	 * r->cached. cons only moves forward, from the last value seen up to
 	 * prod; one that went back would pin the producer's entries forever.
 	 */
-	if (used > r->size || cons - r->cached > r->local - r->cached)
+	if (used > r->size || cons - r->cached > r->local - r->cached) {
+		r->bad = cons;
 		return -EPROTO;
+	}
 	r->cached = cons;
 	return (int)(r->size - used);
 }
@@ -277,8 +280,10 @@ kvp_ring_count(struct kvp_ring *r)
 	uint32_t avail = prod - r->local;
 
 	/* Never cache an impossible index: the dequeue fast path trusts r->cached. */
-	if (avail > r->size)
+	if (avail > r->size) {
+		r->bad = prod;
 		return -EPROTO;
+	}
 	r->cached = prod;
 	return (int)avail;
 }

@@ -34,31 +34,8 @@ static struct fuzz_client cl;
 static struct kvp_config saved_cfg;
 static char *reply;
 static struct kvp_xfer *held; /* the transfer the stub transport keeps in flight */
+static struct kvp_transport_ops stub_ops;
 static uint64_t next_uid = 1;
-
-static int
-stub_create(struct kvp_worker *wk, void **tctx)
-{
-	*tctx = wk;
-	return 0;
-}
-
-static void
-stub_destroy(void *tctx)
-{
-	(void)tctx;
-}
-
-static int
-stub_attach(void *tctx, uint16_t peer, int fd, bool outgoing, uint64_t epoch)
-{
-	(void)tctx;
-	(void)peer;
-	(void)fd;
-	(void)outgoing;
-	(void)epoch;
-	return -EINVAL;
-}
 
 static int
 stub_post(void *tctx, struct kvp_xfer *x)
@@ -70,13 +47,6 @@ stub_post(void *tctx, struct kvp_xfer *x)
 	return 0;
 }
 
-static int
-stub_progress(void *tctx)
-{
-	(void)tctx;
-	return 0;
-}
-
 static void
 stub_cancel(void *tctx, struct kvp_xfer *x, int status)
 {
@@ -85,34 +55,6 @@ stub_cancel(void *tctx, struct kvp_xfer *x, int status)
 	held = NULL;
 	kvp_worker_xfer_end(w, x, status);
 }
-
-static int
-stub_sleep_fd(void *tctx)
-{
-	(void)tctx;
-	return -1;
-}
-
-static void
-stub_disconnect(void *tctx, uint16_t peer)
-{
-	(void)tctx;
-	(void)peer;
-}
-
-/* The admin output names the transport; "tcp" is what a real node reports. */
-static const struct kvp_transport_ops stub_ops = {
-	.name = "tcp",
-	.caps = KVP_TCAP_HOST_MEM,
-	.create = stub_create,
-	.destroy = stub_destroy,
-	.attach = stub_attach,
-	.post = stub_post,
-	.progress = stub_progress,
-	.cancel = stub_cancel,
-	.sleep_fd = stub_sleep_fd,
-	.disconnect = stub_disconnect,
-};
 
 /* Keep one transfer in flight: submitted through the client's ring, picked up by the worker. */
 static void
@@ -148,8 +90,6 @@ drain_cq(void)
 		;
 }
 
-int LLVMFuzzerInitialize(int *argc, char ***argv);
-
 int
 LLVMFuzzerInitialize(int *argc, char ***argv)
 {
@@ -158,6 +98,10 @@ LLVMFuzzerInitialize(int *argc, char ***argv)
 	(void)argc;
 	(void)argv;
 	fuzz_config(&cfg);
+	/* Post keeps one transfer in flight, for status, transfers and cancel to see. */
+	stub_ops = fuzz_stub_ops;
+	stub_ops.post = stub_post;
+	stub_ops.cancel = stub_cancel;
 	fuzz_node_init(&node, &cfg, &stub_ops);
 	w = &node.workers[0];
 	w->peer_up[0] = true;
@@ -198,8 +142,6 @@ check_reply(const char *req, size_t reqlen, const char *out, size_t rlen)
 	json_decref(q);
 	json_decref(r);
 }
-
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 int
 LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)

@@ -32,81 +32,6 @@
 static struct kvp_node node;
 static struct kvp_worker *w;
 
-static int
-stub_create(struct kvp_worker *wk, void **tctx)
-{
-	*tctx = wk;
-	return 0;
-}
-
-static void
-stub_destroy(void *tctx)
-{
-	(void)tctx;
-}
-
-static int
-stub_attach(void *tctx, uint16_t peer, int fd, bool outgoing, uint64_t epoch)
-{
-	(void)tctx;
-	(void)peer;
-	(void)fd;
-	(void)outgoing;
-	(void)epoch;
-	return -EINVAL;
-}
-
-static int
-stub_post(void *tctx, struct kvp_xfer *x)
-{
-	(void)tctx;
-	(void)x;
-	return -ENOTCONN;
-}
-
-static int
-stub_progress(void *tctx)
-{
-	(void)tctx;
-	return 0;
-}
-
-static void
-stub_cancel(void *tctx, struct kvp_xfer *x, int status)
-{
-	(void)tctx;
-	kvp_worker_xfer_end(w, x, status);
-}
-
-static int
-stub_sleep_fd(void *tctx)
-{
-	(void)tctx;
-	return -1;
-}
-
-static void
-stub_disconnect(void *tctx, uint16_t peer)
-{
-	(void)tctx;
-	(void)peer;
-}
-
-static const struct kvp_transport_ops stub_ops = {
-	.name = "tcp",
-	.caps = KVP_TCAP_HOST_MEM,
-	.create = stub_create,
-	.destroy = stub_destroy,
-	.attach = stub_attach,
-	.post = stub_post,
-	.progress = stub_progress,
-	.cancel = stub_cancel,
-	.sleep_fd = stub_sleep_fd,
-	.disconnect = stub_disconnect,
-};
-
-int LLVMFuzzerInitialize(int *argc, char ***argv);
-
 int
 LLVMFuzzerInitialize(int *argc, char ***argv)
 {
@@ -116,7 +41,7 @@ LLVMFuzzerInitialize(int *argc, char ***argv)
 	(void)argv;
 	fuzz_config(&cfg);
 	cfg.max_clients = 2;
-	fuzz_node_init(&node, &cfg, &stub_ops);
+	fuzz_node_init(&node, &cfg, &fuzz_stub_ops);
 	w = &node.workers[0];
 	return 0;
 }
@@ -232,8 +157,6 @@ send_chunk(int sock, const uint8_t *b, size_t n, uint8_t flags)
 	for (int i = 0; i < nfd; i++)
 		close(fds[i]);
 }
-
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 int
 LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)

@@ -140,6 +140,93 @@ fuzz_node_init(struct kvp_node *n, struct kvp_config *cfg, const struct kvp_tran
 	}
 }
 
+/* ---- the stub transport: tctx is the worker itself ---- */
+
+static int
+stub_create(struct kvp_worker *wk, void **tctx)
+{
+	*tctx = wk;
+	return 0;
+}
+
+static void
+stub_destroy(void *tctx)
+{
+	(void)tctx;
+}
+
+static int
+stub_attach(void *tctx, uint16_t peer, int fd, bool outgoing, uint64_t epoch)
+{
+	(void)tctx;
+	(void)peer;
+	(void)fd;
+	(void)outgoing;
+	(void)epoch;
+	return -EINVAL;
+}
+
+static int
+stub_post(void *tctx, struct kvp_xfer *x)
+{
+	(void)tctx;
+	(void)x;
+	return -ENOTCONN;
+}
+
+static int
+stub_progress(void *tctx)
+{
+	(void)tctx;
+	return 0;
+}
+
+static void
+stub_cancel(void *tctx, struct kvp_xfer *x, int status)
+{
+	kvp_worker_xfer_end(tctx, x, status);
+}
+
+static int
+stub_sleep_fd(void *tctx)
+{
+	(void)tctx;
+	return -1;
+}
+
+static void
+stub_disconnect(void *tctx, uint16_t peer)
+{
+	(void)tctx;
+	(void)peer;
+}
+
+const struct kvp_transport_ops fuzz_stub_ops = {
+	.name = "tcp",
+	.caps = KVP_TCAP_HOST_MEM,
+	.create = stub_create,
+	.destroy = stub_destroy,
+	.attach = stub_attach,
+	.post = stub_post,
+	.progress = stub_progress,
+	.cancel = stub_cancel,
+	.sleep_fd = stub_sleep_fd,
+	.disconnect = stub_disconnect,
+};
+
+void
+fuzz_assert_reclaimed(const struct kvp_node *n, unsigned pool0)
+{
+	const struct kvp_worker *w = &n->workers[0];
+
+	FUZZ_ASSERT(w->nfree == w->nxfers, "%u transfer slots leaked", w->nxfers - w->nfree);
+	for (uint32_t i = 0; i < n->regions.size; i++)
+		FUZZ_ASSERT(atomic_load(&n->regions.slots[i].refs) == 0,
+			    "region slot %u keeps %u references", i,
+			    atomic_load(&n->regions.slots[i].refs));
+	FUZZ_ASSERT(rte_mempool_avail_count(n->msg_pool) == pool0, "control messages leaked");
+}
+
 void
 fuzz_drain_outbox(struct kvp_node *n, unsigned w, struct fuzz_outbox *ob)
 {

@@ -39,6 +39,10 @@
 		}                                                                            \
 	} while (0)
 
+/* The libFuzzer entry points each harness defines (replay_main.c calls them too). */
+int LLVMFuzzerInitialize(int *argc, char ***argv);
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
 /** True when KVP_FUZZ_VERBOSE is set: harnesses print what each input did. */
 bool fuzz_verbose(void);
 
@@ -65,6 +69,20 @@ struct fuzz_outbox {
 
 /** Take every message out of worker @p w's outbox and return it to the pool. */
 void fuzz_drain_outbox(struct kvp_node *n, unsigned w, struct fuzz_outbox *ob);
+
+/**
+ * A transport that moves nothing, named "tcp" as a real node reports:
+ * attach refuses the connection, post answers -ENOTCONN, cancel ends the
+ * transfer at once; the other ops do nothing. A harness that exercises an
+ * op copies this table and replaces that op.
+ */
+extern const struct kvp_transport_ops fuzz_stub_ops;
+
+/**
+ * After an input: every transfer slot of worker 0 is free, no region keeps a
+ * reference, and the message pool holds @p pool0 messages again.
+ */
+void fuzz_assert_reclaimed(const struct kvp_node *n, unsigned pool0);
 
 /** Post a message to worker 0's inbox (aborts if the pool or ring is exhausted). */
 void fuzz_send_worker(struct kvp_node *n, int type, struct kvp_chan *ch);

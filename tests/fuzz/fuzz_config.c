@@ -39,8 +39,6 @@ __lsan_default_suppressions(void)
 static int cfd = -1;
 static char path[64];
 
-int LLVMFuzzerInitialize(int *argc, char ***argv);
-
 int
 LLVMFuzzerInitialize(int *argc, char ***argv)
 {
@@ -153,8 +151,6 @@ check_error(const char *err, size_t errlen)
 	FUZZ_ASSERT(p[0] == ':' && p[1] == ' ' && p[2] != '\0', "error without a message: '%s'",
 		    err);
 }
-
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 int
 LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)

@@ -57,6 +57,7 @@ static struct kvp_region *reg_own;
 static int notify_fd = -1;
 
 /* Stub transport state. */
+static struct kvp_transport_ops stub_ops;
 static struct kvp_xfer *pend[NPEND];
 static unsigned npend;
 static struct kvp_chan *cur_chan;
@@ -71,31 +72,6 @@ static unsigned nowed;
 
 static uint8_t expect_of[MAX_OPS]; /* built transfers, by uid - UID_TAG */
 static unsigned nbuilt;
-
-static int
-stub_create(struct kvp_worker *wk, void **tctx)
-{
-	(void)wk;
-	*tctx = pend;
-	return 0;
-}
-
-static void
-stub_destroy(void *tctx)
-{
-	(void)tctx;
-}
-
-static int
-stub_attach(void *tctx, uint16_t peer, int fd, bool outgoing, uint64_t epoch)
-{
-	(void)tctx;
-	(void)peer;
-	(void)fd;
-	(void)outgoing;
-	(void)epoch;
-	return -EINVAL;
-}
 
 /* Everything the transport is handed must be a validated transfer. */
 static void
@@ -179,46 +155,12 @@ stub_post(void *tctx, struct kvp_xfer *x)
 	return 0;
 }
 
-static int
-stub_progress(void *tctx)
-{
-	(void)tctx;
-	return 0;
-}
-
 static void
 stub_cancel(void *tctx, struct kvp_xfer *x, int status)
 {
 	(void)tctx;
 	stub_end(x, status);
 }
-
-static int
-stub_sleep_fd(void *tctx)
-{
-	(void)tctx;
-	return -1;
-}
-
-static void
-stub_disconnect(void *tctx, uint16_t peer)
-{
-	(void)tctx;
-	(void)peer;
-}
-
-static const struct kvp_transport_ops stub_ops = {
-	.name = "stub",
-	.caps = KVP_TCAP_HOST_MEM,
-	.create = stub_create,
-	.destroy = stub_destroy,
-	.attach = stub_attach,
-	.post = stub_post,
-	.progress = stub_progress,
-	.cancel = stub_cancel,
-	.sleep_fd = stub_sleep_fd,
-	.disconnect = stub_disconnect,
-};
 
 static uint64_t
 add_region(int fd, uint32_t owner, uint32_t flags)
@@ -229,8 +171,6 @@ add_region(int fd, uint32_t owner, uint32_t flags)
 	FUZZ_ASSERT(rc == 0, "kvp_region_add: %d", rc);
 	return key;
 }
-
-int LLVMFuzzerInitialize(int *argc, char ***argv);
 
 int
 LLVMFuzzerInitialize(int *argc, char ***argv)
@@ -243,6 +183,10 @@ LLVMFuzzerInitialize(int *argc, char ***argv)
 	fuzz_config(&cfg);
 	cfg.max_inflight = MAX_INFLIGHT;
 	cfg.admission_timeout_ms = 1000;
+	stub_ops = fuzz_stub_ops;
+	stub_ops.name = "stub";
+	stub_ops.post = stub_post;
+	stub_ops.cancel = stub_cancel;
 	fuzz_node_init(&node, &cfg, &stub_ops);
 	w = &node.workers[0];
 
@@ -555,8 +499,6 @@ op_poll(struct client *c)
 		    "daemon consumed more than the ring holds");
 }
 
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-
 int
 LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
@@ -695,12 +637,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	FUZZ_ASSERT(ob.chan_broken == (c.ch->broken ? 1u : 0u), "CHAN_BROKEN sent %u times",
 		    ob.chan_broken);
 	FUZZ_ASSERT(w->nchans == 0, "worker still holds %u channels", w->nchans);
-	FUZZ_ASSERT(w->nfree == w->nxfers, "%u transfer slots leaked", w->nxfers - w->nfree);
-	for (uint32_t i = 0; i < node.regions.size; i++)
-		FUZZ_ASSERT(atomic_load(&node.regions.slots[i].refs) == 0,
-			    "region slot %u keeps %u references", i,
-			    atomic_load(&node.regions.slots[i].refs));
-	FUZZ_ASSERT(rte_mempool_avail_count(node.msg_pool) == pool0, "control messages leaked");
+	fuzz_assert_reclaimed(&node, pool0);
 	if (read(notify_fd, &v, sizeof(v)) < 0) {
 		/* EAGAIN: nobody was woken. */
 	}

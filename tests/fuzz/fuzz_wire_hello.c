@@ -42,19 +42,7 @@ static struct kvp_node node;
 static struct kvp_worker *w;
 static int attached_peer = -1;
 static bool attached_out;
-
-static int
-stub_create(struct kvp_worker *wk, void **tctx)
-{
-	*tctx = wk;
-	return 0;
-}
-
-static void
-stub_destroy(void *tctx)
-{
-	(void)tctx;
-}
+static struct kvp_transport_ops stub_ops;
 
 static int
 stub_attach(void *tctx, uint16_t peer, int fd, bool outgoing, uint64_t epoch)
@@ -68,57 +56,6 @@ stub_attach(void *tctx, uint16_t peer, int fd, bool outgoing, uint64_t epoch)
 	return 0;
 }
 
-static int
-stub_post(void *tctx, struct kvp_xfer *x)
-{
-	(void)tctx;
-	(void)x;
-	return -ENOTCONN;
-}
-
-static int
-stub_progress(void *tctx)
-{
-	(void)tctx;
-	return 0;
-}
-
-static void
-stub_cancel(void *tctx, struct kvp_xfer *x, int status)
-{
-	(void)tctx;
-	kvp_worker_xfer_end(w, x, status);
-}
-
-static int
-stub_sleep_fd(void *tctx)
-{
-	(void)tctx;
-	return -1;
-}
-
-static void
-stub_disconnect(void *tctx, uint16_t peer)
-{
-	(void)tctx;
-	(void)peer;
-}
-
-static const struct kvp_transport_ops stub_ops = {
-	.name = "tcp",
-	.caps = KVP_TCAP_HOST_MEM,
-	.create = stub_create,
-	.destroy = stub_destroy,
-	.attach = stub_attach,
-	.post = stub_post,
-	.progress = stub_progress,
-	.cancel = stub_cancel,
-	.sleep_fd = stub_sleep_fd,
-	.disconnect = stub_disconnect,
-};
-
-int LLVMFuzzerInitialize(int *argc, char ***argv);
-
 int
 LLVMFuzzerInitialize(int *argc, char ***argv)
 {
@@ -131,6 +68,8 @@ LLVMFuzzerInitialize(int *argc, char ***argv)
 	snprintf(cfg.peers[1].node_id, sizeof(cfg.peers[1].node_id), "peer1");
 	snprintf(cfg.peers[1].host, sizeof(cfg.peers[1].host), "127.0.0.1");
 	cfg.peers[1].port = 2;
+	stub_ops = fuzz_stub_ops;
+	stub_ops.attach = stub_attach; /* records what the handshake handed over */
 	fuzz_node_init(&node, &cfg, &stub_ops);
 	w = &node.workers[0];
 	/* Nobody dials during the run: no timers run, so no reconnect starts. */
@@ -390,8 +329,6 @@ run_dialer(struct fuzz_in *in, bool secret, uint16_t i)
 	p->out_fd = -1;
 	p->last_error[0] = '\0';
 }
-
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 int
 LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)

@@ -69,8 +69,6 @@ check_canaries(int r)
 	}
 }
 
-int LLVMFuzzerInitialize(int *argc, char ***argv);
-
 int
 LLVMFuzzerInitialize(int *argc, char ***argv)
 {
@@ -185,8 +183,6 @@ read_cq(bool outgoing)
 	FUZZ_ASSERT(n == 0, "client CQ index impossible");
 }
 
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-
 int
 LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
@@ -276,12 +272,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	check_canaries(1);
 	FUZZ_ASSERT(w->stats.stage_used == 0, "%" PRIu64 " staging buffers still held",
 		    w->stats.stage_used);
-	FUZZ_ASSERT(w->nfree == w->nxfers, "%u transfer slots leaked", w->nxfers - w->nfree);
-	for (uint32_t i = 0; i < node.regions.size; i++)
-		FUZZ_ASSERT(atomic_load(&node.regions.slots[i].refs) == 0,
-			    "region slot %u keeps %u references", i,
-			    atomic_load(&node.regions.slots[i].refs));
-	FUZZ_ASSERT(rte_mempool_avail_count(node.msg_pool) == pool0, "control messages leaked");
+	fuzz_assert_reclaimed(&node, pool0);
 	FUZZ_ASSERT(fuzz_lowest_fd() == fd0, "fd leaked");
 	return 0;
 }

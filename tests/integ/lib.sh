@@ -340,6 +340,33 @@ stop_daemon_checked() {
 	log "kvproxyd $id stopped cleanly"
 }
 
+# honest_pair TAG SIZE SEED: a decode and a prefill client (kvproxy-bench) in
+# the background, prefill0 -> decode0 in $NS_P/$NS_D; sets HDEC, HPRE.
+honest_pair() {
+	local tag=$1 size=$2 seed=$3
+	spawn "$NS_D" "$KVP_TMP/$tag.decode.out" - "$KVPROXY_BENCH" decode -s "$(sock_of decode0)" \
+		--size "$size" --seed "$seed" --key-file "$KVP_TMP/$tag.key" --timeout 240
+	HDEC=$SPAWNED
+	spawn "$NS_P" "$KVP_TMP/$tag.prefill.out" - "$KVPROXY_BENCH" prefill -s "$(sock_of prefill0)" \
+		--peer decode0 --key-file "$KVP_TMP/$tag.key" --size "$size" --seed "$seed" --wait-key 60
+	HPRE=$SPAWNED
+}
+
+# honest_done TAG SIZE: both clients of honest_pair exit 0 and every byte verified.
+honest_done() {
+	local tag=$1 size=$2 rc=0
+	wait_pid "$HPRE" 240 || rc=$?
+	cat "$KVP_TMP/$tag.prefill.out" >&2
+	[[ $rc -eq 0 ]] || fail "honest prefill client ($tag) exited $rc"
+	rc=0
+	wait_pid "$HDEC" 120 || rc=$?
+	cat "$KVP_TMP/$tag.decode.out" >&2
+	[[ $rc -eq 0 ]] || fail "honest decode client ($tag) exited $rc"
+	grep -q "decode: verified $size bytes" "$KVP_TMP/$tag.decode.out" ||
+		fail "honest decode client ($tag) did not verify $size bytes"
+	log "honest pair $tag: $size bytes transferred and verified"
+}
+
 # ---- JSON checks (python3's json, no jq needed) ----
 # Expressions see d (the document) and peer(NAME) (its "peers" entry for NAME).
 

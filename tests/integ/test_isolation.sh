@@ -6,12 +6,13 @@
 #   - a client that writes garbage into its own submission ring (random
 #     entries, producer index moved back or past the ring, a header promising
 #     entries that are not there, a completion index past the producer) is
-#     disconnected with a logged reason, while an honest pair's transfer on
-#     the same node goes on and verifies every byte; both daemons live on;
+#     disconnected with a logged reason that names the index or count it
+#     wrote, while an honest pair's transfer on the same node goes on and
+#     verifies every byte; both daemons live on;
 #   - a transfer naming another client's region, or a region of a client that
 #     has gone away, fails "invalid" (source on this node) or "remote"
 #     (destination on the other node), sends nothing and changes no byte of
-#     either region;
+#     either region; a transfer with timeout_ns = UINT64_MAX completes;
 #   - everything is reclaimed afterwards.
 # With an argument it runs one more case instead (each a separate meson test):
 #   cq-pin    a client that moves its completion-ring consumer index back a
@@ -35,32 +36,6 @@ require_bins
 init_test
 
 rogue() { "$ROGUE_CLIENT" "$@"; }
-
-# honest_pair TAG SIZE SEED: background decode + prefill (kvproxy-bench); sets HDEC, HPRE.
-honest_pair() {
-	local tag=$1 size=$2 seed=$3
-	spawn "$NS_D" "$KVP_TMP/$tag.decode.out" - "$KVPROXY_BENCH" decode -s "$(sock_of decode0)" \
-		--size "$size" --seed "$seed" --key-file "$KVP_TMP/$tag.key" --timeout 240
-	HDEC=$SPAWNED
-	spawn "$NS_P" "$KVP_TMP/$tag.prefill.out" - "$KVPROXY_BENCH" prefill -s "$(sock_of prefill0)" \
-		--peer decode0 --key-file "$KVP_TMP/$tag.key" --size "$size" --seed "$seed" --wait-key 60
-	HPRE=$SPAWNED
-}
-
-# honest_done TAG SIZE: both honest clients exit 0 and every byte verified.
-honest_done() {
-	local tag=$1 size=$2 rc=0
-	wait_pid "$HPRE" 240 || rc=$?
-	cat "$KVP_TMP/$tag.prefill.out" >&2
-	[[ $rc -eq 0 ]] || fail "honest prefill client ($tag) exited $rc"
-	rc=0
-	wait_pid "$HDEC" 120 || rc=$?
-	cat "$KVP_TMP/$tag.decode.out" >&2
-	[[ $rc -eq 0 ]] || fail "honest decode client ($tag) exited $rc"
-	grep -q "decode: verified $size bytes" "$KVP_TMP/$tag.decode.out" ||
-		fail "honest decode client ($tag) did not verify $size bytes"
-	log "honest pair $tag: $size bytes transferred and verified"
-}
 
 # hold NODE NS TAG SIZE SEED: an honest region owner in the background; sets HOLD_PID,
 # its key in $KVP_TMP/TAG.key; stop it with release TAG.
@@ -97,13 +72,27 @@ expect_disconnect() {
 	wait_pid "$pid" 60 || rc=$?
 	cat "$out" >&2
 	[[ $rc -eq 0 ]] || fail "rogue ($mode) on $node was not disconnected (exit $rc)"
-	local dl
+	local dl line wrote what
 	dl=$(deadline_in 10)
 	until grep -q "(pid $pid) broke the ring protocol" "$KVP_TMP/$node.log"; do
 		before "$dl" || fail "$node logged no reason for disconnecting rogue pid $pid ($mode)"
 		sleep "$KVP_POLL"
 	done
-	log "$node disconnected the $mode rogue: $(grep "pid $pid" "$KVP_TMP/$node.log" | tail -n 2 | tr '\n' ' ')"
+	line=$(grep "(pid $pid) broke the ring protocol" "$KVP_TMP/$node.log" | head -n 1)
+	# The reason names the offending value: the one the rogue says it wrote, if it says.
+	wrote=$(grep -o 'wrote [a-z.]* = [0-9]*' "$out" || true)
+	case $wrote in
+	"wrote sq.prod = "*) what="SQ producer index ${wrote##* } " ;;
+	"wrote cq.cons = "*) what="CQ consumer index ${wrote##* } " ;;
+	"wrote nseg = "*) what="nseg ${wrote##* }," ;;
+	*) what="" ;;
+	esac
+	if [[ -n $what ]]; then
+		[[ $line == *"$what"* ]] || fail "$node's reason for the $mode rogue does not name '$what': $line"
+	else
+		[[ $line =~ index\ [0-9]+ ]] || fail "$node's reason for the $mode rogue names no index: $line"
+	fi
+	log "$node disconnected the $mode rogue: ${line#*broke the ring protocol }"
 	daemon_alive prefill0 || fail "prefill0 died after the $mode rogue"
 	daemon_alive decode0 || fail "decode0 died after the $mode rogue"
 }
@@ -183,6 +172,21 @@ case_main() {
 	release victim "$VICTIM"
 	release dest "$DEST"
 	log "the victim's and the destination's regions are intact"
+
+	# timeout_ns = UINT64_MAX means no deadline: it saturates instead of wrapping
+	# into the past (which failed the transfer "timeout" as soon as it was picked up).
+	hold decode0 "$NS_D" far 1048576 25
+	local far=$HOLD_PID rc=0
+	steal "a transfer with timeout_ns = UINT64_MAX must complete, not expire at once" \
+		--src-key own --own-size 65536 --dst-key "$(cat "$KVP_TMP/far.key")" --len 65536 \
+		--xfer-timeout-ns 18446744073709551615 --expect ok
+	touch "$KVP_TMP/far.stop"
+	wait_pid "$far" 30 || rc=$?
+	cat "$KVP_TMP/far.hold.out" >&2
+	# The owner exits 1 when its region changed: here, because the bytes landed.
+	[[ $rc -eq 1 ]] || fail "the region owner exited $rc, expected 1 (region changed)"
+	grep -q CHANGED "$KVP_TMP/far.hold.out" ||
+		fail "the transfer without a deadline reported ok, but its bytes did not land"
 
 	# ---- service as usual, everything reclaimed ----
 	honest_pair after 33554432 8

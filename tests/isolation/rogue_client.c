@@ -21,11 +21,15 @@
  *                                          ring), nseg (a header promising more
  *                                          entries than published), cqcons (CQ
  *                                          consumer index past the producer);
- *                                          succeeds if the daemon hangs up on us
+ *                                          succeeds if the daemon hangs up on us;
+ *                                          prints the index or count it wrote
+ *                                          ("wrote sq.prod = N") for the log check
  *   steal    -s SOCK --peer NODE --src-key K|own --dst-key K --expect STATUS
  *            [--len N] [--own-size N] [--timeout SEC] [--truncate]
- *                                          one transfer; succeeds if it completes
- *                                          with STATUS (invalid, remote, ok, ...)
+ *            [--xfer-timeout-ns N]         one transfer (with deadline N ns after
+ *                                          its submit; default: the daemon's);
+ *                                          succeeds if it completes with STATUS
+ *                                          (invalid, remote, ok, ...)
  *   pin      -s SOCK --peer NODE --dst-key K [--count N] [--seg N] [--hold SEC]
  *                                          submit N transfers, then move the CQ
  *                                          consumer index back so the ring looks
@@ -400,6 +404,7 @@ struct opts {
 	uint64_t own_size;
 	uint64_t count;
 	uint64_t seg;
+	uint64_t xfer_timeout_ns;
 	double timeout_s;
 	double hold_s;
 	bool truncate;
@@ -559,12 +564,12 @@ cmd_garbage(const struct opts *o)
 		       waited >= 0 ? "disconnected by the daemon" : "STILL CONNECTED");
 		return waited >= 0 ? 0 : 1;
 	}
-	if (strcmp(m, "backwards") == 0) {
-		atomic_store_explicit(&c.hdr->sq.prod, prod - 1 - (uint32_t)(rng() % 1000),
-				      memory_order_release);
-	} else if (strcmp(m, "past") == 0) {
-		atomic_store_explicit(&c.hdr->sq.prod, prod + size + 1 + (uint32_t)(rng() % 1000),
-				      memory_order_release);
+	if (strcmp(m, "backwards") == 0 || strcmp(m, "past") == 0) {
+		uint32_t v = m[0] == 'b' ? prod - 1 - (uint32_t)(rng() % 1000)
+					 : prod + size + 1 + (uint32_t)(rng() % 1000);
+
+		atomic_store_explicit(&c.hdr->sq.prod, v, memory_order_release);
+		printf("rogue_client garbage %s: wrote sq.prod = %u\n", m, v);
 	} else if (strcmp(m, "nseg") == 0) {
 		struct kvp_sqe_xfer h;
 
@@ -574,10 +579,13 @@ cmd_garbage(const struct opts *o)
 		h.user_id = 1;
 		memcpy(c.sq.slots + (prod & c.sq.mask) * KVP_SQE_SIZE, &h, sizeof(h));
 		atomic_store_explicit(&c.hdr->sq.prod, prod + 1, memory_order_release);
+		printf("rogue_client garbage %s: wrote nseg = %u\n", m, size);
 	} else if (strcmp(m, "cqcons") == 0) {
 		/* Claim to have consumed completions that were never produced... */
-		atomic_store_explicit(&c.hdr->cq.cons, atomic_load(&c.hdr->cq.prod) + 100,
-				      memory_order_release);
+		uint32_t v = atomic_load(&c.hdr->cq.prod) + 100;
+
+		atomic_store_explicit(&c.hdr->cq.cons, v, memory_order_release);
+		printf("rogue_client garbage %s: wrote cq.cons = %u\n", m, v);
 		/* ...then submit, so the daemon looks at the CQ. */
 		struct kvp_sqe_seg e[2];
 		struct kvp_sqe_xfer *h = (struct kvp_sqe_xfer *)&e[0];
@@ -635,6 +643,7 @@ cmd_steal(const struct opts *o)
 	h->nseg = 1;
 	h->user_id = 4242;
 	h->submit_ns = now_ns();
+	h->timeout_ns = o->xfer_timeout_ns;
 	e[1].op = KVP_OP_SEG;
 	e[1].src_key = src;
 	e[1].len = len;
@@ -755,6 +764,7 @@ main(int argc, char **argv)
 		{ "timeout", required_argument, NULL, 't' },
 		{ "hold", required_argument, NULL, 'H' },
 		{ "truncate", no_argument, NULL, 'T' },
+		{ "xfer-timeout-ns", required_argument, NULL, 'X' },
 		{ NULL, 0, NULL, 0 },
 	};
 	struct opts o = { .timeout_s = 10 };
@@ -816,6 +826,9 @@ main(int argc, char **argv)
 			break;
 		case 'T':
 			o.truncate = true;
+			break;
+		case 'X':
+			o.xfer_timeout_ns = parse_u64(optarg, "--xfer-timeout-ns");
 			break;
 		default:
 			die(2, "bad option");

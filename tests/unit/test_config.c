@@ -113,6 +113,32 @@ main(int argc, char **argv)
 	unlink(sf);
 	expect_error(text, 2, "cannot read the secret file");
 
+	/* Socket groups: a name from the group database or a number; a typo names its line. */
+	CHECK_EQ(load_text("node_id = \"n1\";\n", &cfg, err, sizeof(err)), 0);
+	CHECK(cfg.admin_group.name[0] == '\0' && cfg.client_group.name[0] == '\0');
+	CHECK_EQ(cfg.admin_timeout_ms, 5000);
+	CHECK_EQ(cfg.admin_idle_ms, 60000);
+	CHECK_EQ(load_text("node_id = \"n1\";\nadmin_group = \"root\";\nclient_group = \"4242\";\n"
+			   "timeouts = { admin_ms = 250; admin_idle_ms = 900; };\n",
+			   &cfg, err, sizeof(err)),
+		 0);
+	CHECK(strcmp(cfg.admin_group.name, "root") == 0);
+	CHECK_EQ(cfg.admin_group.gid, 0);
+	CHECK_EQ(cfg.client_group.gid, 4242);
+	CHECK_EQ(cfg.admin_timeout_ms, 250);
+	CHECK_EQ(cfg.admin_idle_ms, 900);
+	char val[64];
+	CHECK_EQ(kvp_config_get(&cfg, "client_group", val, sizeof(val), NULL), 0);
+	CHECK(strcmp(val, "4242") == 0);
+	CHECK_EQ(kvp_config_set(&cfg, "admin_group", "0", text, sizeof(text)), -EPERM);
+	CHECK_EQ(kvp_config_set(&cfg, "timeouts.admin_ms", "700", text, sizeof(text)), 0);
+	CHECK_EQ(cfg.admin_timeout_ms, 700);
+	expect_error("node_id = \"n1\";\n\nadmin_group = \"no-such-group-kvp\";\n", 3,
+		     "admin_group: no such group: 'no-such-group-kvp'");
+	expect_error("node_id = \"n1\";\nclient_group = \"4294967295\";\n", 2, "out of range");
+	expect_error("node_id = \"n1\";\nclient_group = 100;\n", 2, "expected a string");
+	expect_error("node_id = \"n1\";\ntimeouts = { admin_ms = 0; };\n", 2, "out of range");
+
 	/* A missing file is ENOENT, not a crash. */
 	CHECK_EQ(kvp_config_load("/nonexistent/kvp.conf", &cfg, err, sizeof(err)), -ENOENT);
 	CHECK(strstr(err, "/nonexistent/kvp.conf:0:") == err);

@@ -574,6 +574,7 @@ test_corrupt(void)
 	/* prod more than a ring ahead of cons, or behind it. */
 	atomic_store(&c.h->sq.prod, 0 + 8 + 1);
 	CHECK_EQ(kvp_ring_count(&c.dsq), -EPROTO);
+	CHECK_EQ(c.dsq.bad, 9); /* what the daemon's log line names */
 	tchan_attach(&c);
 	CHECK_EQ(kvp_ring_dequeue_burst(&c.dsq, out, 8), -EPROTO);
 	CHECK_EQ(atomic_load(&c.h->sq.cons), 0);
@@ -606,6 +607,7 @@ test_corrupt(void)
 	CHECK_EQ(kvp_ring_free(&c.csq), -EPROTO);
 	atomic_store(&c.h->sq.cons, 4 - 8 - 1);
 	CHECK_EQ(kvp_ring_free(&c.csq), -EPROTO);
+	CHECK_EQ(c.csq.bad, (uint32_t)(4 - 8 - 1));
 	/* In range, but behind what the producer already saw: a consumer never un-consumes. */
 	atomic_store(&c.h->sq.cons, 4 - 8);
 	CHECK_EQ(kvp_ring_free(&c.csq), -EPROTO);

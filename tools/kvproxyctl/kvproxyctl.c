@@ -163,10 +163,11 @@ usage_cmd(FILE *f, const char *cmd)
 			"Usage: %s [GLOBAL-OPTIONS] config_set [--json] KEY VALUE\n"
 			"\n"
 			"Change a runtime knob, e.g. log_level, timeouts.default_ms,\n"
-			"timeouts.admission_ms, poll.busy, poll.idle_us, stats.enabled,\n"
-			"stats.file, stats.interval_ms, stats.slowest_window_s. VALUE is checked\n"
-			"against the same bounds as the configuration file. Keys fixed at start\n"
-			"are refused with the reason (exit status 1).\n",
+			"timeouts.admission_ms, timeouts.admin_ms, timeouts.admin_idle_ms,\n"
+			"poll.busy, poll.idle_us, stats.enabled, stats.file, stats.interval_ms,\n"
+			"stats.slowest_window_s. VALUE is checked against the same bounds as\n"
+			"the configuration file. Keys fixed at start are refused with the\n"
+			"reason (exit status 1).\n",
 			prog);
 	else if (strcmp(cmd, "log_level") == 0)
 		fprintf(f,
