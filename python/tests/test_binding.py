@@ -139,6 +139,7 @@ class Daemon:
 
     def __init__(self, tmp: Path, node_id: str, port: int, peer_id: str, peer_port: int, extra: str = "") -> None:
         self.node_id = node_id
+        self.port = port
         self.sock = str(tmp / f"{node_id}.sock")
         self.admin = str(tmp / f"{node_id}.admin")
         self.conf = tmp / f"{node_id}.conf"
