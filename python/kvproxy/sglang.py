@@ -148,6 +148,9 @@ _META_VERSION = 1
 _SQ_ENTRIES = 32768
 # Landing notices of many small transfers must not overflow the ring.
 _CQ_ENTRIES = 4096
+# Bytes per kvproxy transfer: many medium transfers keep the daemon's window
+# full and pipeline; a few huge ones (a long run of contiguous pages) do not.
+_PIECE_BYTES = 32 << 20
 
 
 class KVPoll(enum.IntEnum):
@@ -416,6 +419,25 @@ def _pair_runs(src: Sequence[int], dst: Sequence[int]) -> List[Tuple[int, int, i
         s0, d0, n = s, d, 1
     if n:
         out.append((s0, d0, n))
+    return out
+
+
+def _split(segs: List[Tuple[int, int, int, int, int]], max_segs: int, max_bytes: int) -> List[List[Tuple[int, int, int, int, int]]]:
+    """Segments grouped into transfers of at most ``max_segs`` segments and
+    ``max_bytes`` bytes; a segment longer than what is left is cut."""
+    out: List[List[Tuple[int, int, int, int, int]]] = []
+    cur: List[Tuple[int, int, int, int, int]] = []
+    size = 0
+    for sk, so, dk, do, n in segs:
+        while n:
+            take = min(n, max_bytes - size)
+            cur.append((sk, so, dk, do, take))
+            so, do, n, size = so + take, do + take, n - take, size + take
+            if len(cur) == max_segs or size == max_bytes:
+                out.append(cur)
+                cur, size = [], 0
+    if cur:
+        out.append(cur)
     return out
 
 
@@ -733,8 +755,7 @@ class KvproxyKVManager:
         return segs
 
     def _enqueue_locked(self, s: "KvproxyKVSender", segs: List[Tuple[int, int, int, int, int]]) -> None:
-        step = self.max_segments
-        for i in range(0, len(segs), step):
+        for piece in _split(segs, self.max_segments, _PIECE_BYTES):
             if s._next_piece > _PIECE_MAX:
                 s._fail_locked("unsupported", f"a request needs more than {_PIECE_MAX + 1} kvproxy transfers")
                 return
@@ -743,7 +764,7 @@ class KvproxyKVManager:
             if uid in self._inflight:
                 s._fail_locked("protocol", f"transfer id {uid:#x} is already in flight (two decode ranks drew one tag)")
                 return
-            self._queue.append(_Piece(s, uid, s._peer, segs[i:i + step]))
+            self._queue.append(_Piece(s, uid, s._peer, piece))
             s._pending += 1
         self._flush_locked()
 

@@ -519,6 +519,21 @@ class SglangAdapterTest(unittest.TestCase):
         self.assertEqual([int(p) for p in KVPoll], [0, 1, 2, 3, 4])
 
 
+class HelpersTest(unittest.TestCase):
+    def test_runs_and_split(self) -> None:
+        self.assertEqual(ks._runs([4, 5, 6, 9, 10, 2]), [[4, 3], [9, 2], [2, 1]])
+        self.assertEqual(ks._pair_runs([1, 2, 3, 7], [10, 11, 5, 6]), [(1, 10, 2), (3, 5, 1), (7, 6, 1)])
+        segs = [(1, 0, 2, 100, 10), (1, 50, 2, 0, 25), (1, 90, 2, 40, 3)]
+        pieces = ks._split(segs, 2, 16)
+        self.assertTrue(all(len(p) <= 2 and sum(s[4] for s in p) <= 16 for p in pieces), pieces)
+        flat = [s for p in pieces for s in p]
+        self.assertEqual(sum(s[4] for s in flat), 38)
+        # Cut segments stay contiguous on both sides.
+        self.assertEqual([s for s in flat if s[1] >= 50 and s[1] < 90],
+                         [(1, 50, 2, 0, 6), (1, 56, 2, 6, 16), (1, 72, 2, 22, 3)])
+        self.assertEqual(ks._split([], 4, 16), [])
+
+
 class ConfigTest(unittest.TestCase):
     def test_sources(self) -> None:
         c = ks.KvproxyConfig.from_sources('{"kvproxy_socket": "/s{engine_rank}", "kvproxy_max_inflight": 4}',
@@ -575,7 +590,7 @@ def main() -> int:
         tb.skip_all("Python >= 3.9 needed (random.randbytes)")
     loader = unittest.TestLoader()
     suite = unittest.TestSuite()
-    for case in (ConfigTest, SglangAdapterTest, DaemonGoneTest):  # DaemonGoneTest last
+    for case in (HelpersTest, ConfigTest, SglangAdapterTest, DaemonGoneTest):  # DaemonGoneTest last
         suite.addTests(loader.loadTestsFromTestCase(case))
     result = unittest.TextTestRunner(verbosity=2, stream=sys.stderr).run(suite)
     return 0 if result.wasSuccessful() else 1
