@@ -122,7 +122,9 @@ def ipc_handle(ptr: int, device: int) -> Tuple[bytes, int]:
     base, _size = allocation_range(ptr, device)  # also makes ``device`` current
     rt = _runtime()
     h = _IpcHandle()
-    err = rt.cudaIpcGetMemHandle(ctypes.byref(h), ctypes.c_void_p(ptr))
+    # The handle names the whole allocation: ask with its base, as PyTorch's
+    # own IPC does (a tensor of the caching allocator may start inside one).
+    err = rt.cudaIpcGetMemHandle(ctypes.byref(h), ctypes.c_void_p(base))
     if err:
         raise KvproxyError(errno.ENODEV, "register_cuda", detail=f"cudaIpcGetMemHandle: {rt.cudaGetErrorString(err).decode()}")
     # string_at, not h.reserved: the handle is binary and may hold NUL bytes.
