@@ -41,8 +41,8 @@ sglang                      kvproxy
                             consecutive source pages landing on consecutive
                             destination pages are coalesced, one segment per
                             run and buffer; segments are grouped into
-                            transfers of at most ``max_segments``; the last
-                            chunk adds one segment per aux buffer.
+                            transfers of at most ``max_segments`` and 32 MiB;
+                            the last chunk adds one segment per aux buffer.
 ``KVPoll.Bootstrapping``    waiting for the bootstrap exchange
 ``KVPoll.WaitingForInput``  the other side is known: prefill has the decode
                             side's metadata / decode knows the prefill rank
