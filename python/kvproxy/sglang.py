@@ -109,7 +109,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Deque, Dict, List, Optional, Sequence, Set, Tuple, Type, Union
+from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Set, Tuple, Type, Union
 
 from ._bootstrap import BootstrapClient, BootstrapError, BootstrapServer
 from ._client import Client, Completion
@@ -148,6 +148,9 @@ _META_VERSION = 1
 _SQ_ENTRIES = 32768
 # Landing notices of many small transfers must not overflow the ring.
 _CQ_ENTRIES = 4096
+# Bootstrap server I/O: connect/read timeout, and the backoff after a failure.
+_BOOTSTRAP_IO_TIMEOUT = 2.0
+_BACKOFF_MIN, _BACKOFF_MAX = 0.2, 5.0
 # Bytes per kvproxy transfer: many medium transfers keep the daemon's window
 # full and pipeline; a few huge ones (a long run of contiguous pages) do not.
 _PIECE_BYTES = 32 << 20
@@ -578,8 +581,9 @@ class KvproxyKVManager:
         self._by_tag: Dict[int, KvproxyKVReceiver] = {}
         self._queue: Deque[_Piece] = deque()
         self._inflight: Dict[int, _Piece] = {}
-        self._posts: Deque[Tuple[str, str, str, Any]] = deque()  # (addr, kind, key, value)
+        self._posts: Deque[Tuple[str, str, str, Any, float]] = deque()  # (addr, kind, key, value, queued)
         self._bs_clients: Dict[str, BootstrapClient] = {}
+        self._backoff: Dict[str, Tuple[float, float]] = {}  # addr -> (retry at, delay)
         self._announced = self.mode != "prefill"
         self.prefill_info_table: Dict[str, PrefillInfo] = {}
         self._want_info: Set[str] = set()
@@ -647,7 +651,7 @@ class KvproxyKVManager:
         if bootstrap_addr in self.prefill_info_table:
             return True
         try:
-            info = BootstrapClient(bootstrap_addr, timeout=2.0)
+            info = BootstrapClient(bootstrap_addr, timeout=_BOOTSTRAP_IO_TIMEOUT)
             try:
                 self._store_info(bootstrap_addr, info.info())
             finally:
@@ -713,13 +717,13 @@ class KvproxyKVManager:
                 if self._receivers.get(req.key) is req:
                     del self._receivers[req.key]
                     # The receiver reads the status entry last: it deletes both.
-                    self._posts.append((req.bootstrap_addr, "delete", req.key, None))
+                    self._post_locked(req.bootstrap_addr, "delete", req.key, None)
                 self._by_tag.pop(getattr(req, "tag", None), None)
         self._wake.set()
 
-    def _post(self, addr: str, kind: str, key: str, value: Any) -> None:
-        with self._lock:
-            self._posts.append((addr, kind, key, value))
+    def _post_locked(self, addr: str, kind: str, key: str, value: Any) -> None:
+        """Queue a put (``meta``, ``status``) or a ``delete`` for the bootstrapper."""
+        self._posts.append((addr, kind, key, value, time.monotonic()))
         self._wake.set()
 
     # ---- data path (prefill) ----
@@ -832,63 +836,59 @@ class KvproxyKVManager:
             self._queue.clear()
             self._inflight.clear()
 
-    def _bs(self, addr: str) -> BootstrapClient:
+    def _bs_call(self, addr: str, call: Callable[[BootstrapClient], Any]) -> Tuple[bool, Any]:
+        """``call`` on the client of ``addr``: (True, its result), or (False, None)
+        when the server did not answer now or is still left alone after an
+        earlier failure (backing off, so one unreachable prefill server does
+        not stall the exchange with the others)."""
+        now = time.monotonic()
+        retry_at, delay = self._backoff.get(addr, (0.0, 0.0))
+        if now < retry_at:
+            return False, None
         c = self._bs_clients.get(addr)
         if c is None:
-            c = self._bs_clients[addr] = BootstrapClient(addr)
-        return c
+            c = self._bs_clients[addr] = BootstrapClient(addr, timeout=_BOOTSTRAP_IO_TIMEOUT)
+        try:
+            result = call(c)
+        except BootstrapError as e:
+            delay = min(max(2 * delay, _BACKOFF_MIN), _BACKOFF_MAX)
+            self._backoff[addr] = (now + delay, delay)
+            log.debug("%s (next try in %.1f s)", e, delay)
+            return False, None
+        self._backoff.pop(addr, None)
+        return True, result
 
     def _bootstrap_loop(self) -> None:
         """The side channel: announce, fetch prefill info, post, long-poll."""
         while not self._closing:
-            busy, failed = self._bootstrap_round()
-            if not busy:
-                # A server unreachable or prefill ranks still missing: ask again
-                # soon, not in a tight loop; otherwise sleep until woken.
-                self._wake.wait(0.2 if failed or self._want_info else 1.0)
+            if not self._bootstrap_round():
+                # Nothing moved: ask again soon where something is pending (a
+                # server backing off, prefill ranks still missing), else sleep
+                # until woken.
+                now = time.monotonic()
+                # A server nothing asked for lately needs no retries.
+                self._backoff = {a: v for a, v in self._backoff.items() if v[0] > now - _BACKOFF_MAX}
+                pending = self._backoff or self._want_info or self._posts
+                self._wake.wait(_BACKOFF_MIN if pending else 1.0)
             self._wake.clear()
         for c in self._bs_clients.values():
             c.close()
 
-    def _bootstrap_round(self) -> Tuple[bool, bool]:
-        """One pass; returns (busy: start the next at once, failed: a server did not answer)."""
-        busy = failed = False
+    def _bootstrap_round(self) -> bool:
+        """One pass; True when the next one should start at once."""
+        busy = False
         if not self._announced:
-            try:
-                self._bs(self.bootstrap_addr).announce(f"{self.dp_rank}.{self.engine_rank}", {
-                    "engine_rank": self.engine_rank, "dp_rank": self.dp_rank, "node_id": self.node_id,
-                    "page_size": self.page_size, "layout": self._layout(), "pid": os.getpid(),
-                })
-                self._announced = busy = True
-            except BootstrapError as e:
-                log.debug("announce: %s", e)
-                failed = True
+            record = {"engine_rank": self.engine_rank, "dp_rank": self.dp_rank, "node_id": self.node_id,
+                      "page_size": self.page_size, "layout": self._layout(), "pid": os.getpid()}
+            ok, _ = self._bs_call(self.bootstrap_addr, lambda c: c.announce(f"{self.dp_rank}.{self.engine_rank}", record))
+            self._announced = busy = ok
         with self._lock:
             want = list(self._want_info)
         for addr in want:
-            try:
-                self._store_info(addr, self._bs(addr).info())
-            except BootstrapError as e:
-                log.debug("prefill info: %s", e)
-                failed = True
-        while self._posts:
-            addr, kind, key, value = self._posts[0]
-            try:
-                if kind == "delete":
-                    self._bs(addr).delete(key)
-                else:
-                    self._bs(addr).put(kind, key, value)
-                    if kind == "meta":
-                        with self._lock:
-                            r = self._receivers.get(key)
-                            if r is not None:
-                                r._meta_posted = True
-            except BootstrapError as e:
-                log.debug("post %s %s: %s", kind, key, e)
-                failed = True
-                break
-            self._posts.popleft()
-            busy = True
+            ok, reply = self._bs_call(addr, lambda c: c.info())
+            if ok:
+                self._store_info(addr, reply)
+        busy = self._send_posts() or busy
         waits: Dict[str, Tuple[str, List[str]]] = {}
         with self._lock:
             for s in self._senders.values():
@@ -899,11 +899,8 @@ class KvproxyKVManager:
                     waits.setdefault(r.bootstrap_addr, ("status", []))[1].append(r.key)
         wait_ms = 100 if len(waits) <= 1 else 20
         for addr, (kind, keys) in waits.items():
-            try:
-                found = self._bs(addr).wait(kind, keys, wait_ms)
-            except BootstrapError as e:
-                log.debug("wait %s: %s", kind, e)
-                failed = True
+            ok, found = self._bs_call(addr, lambda c: c.wait(kind, keys, wait_ms))
+            if not ok:
                 continue
             busy = True  # the long poll itself paced this round
             with self._lock:
@@ -912,7 +909,50 @@ class KvproxyKVManager:
                         self._senders[key]._on_meta(value)
                     elif kind == "status" and key in self._receivers:
                         self._receivers[key]._on_status(value)
-        return busy, failed
+        return busy
+
+    def _send_posts(self) -> bool:
+        """Send the queued puts and deletes, in order per server; keep those of
+        servers that did not answer, drop those older than bootstrap_timeout
+        and metadata of receivers that ended. True if any was sent."""
+        with self._lock:
+            posts = list(self._posts)
+            self._posts.clear()
+        keep: List[Tuple[str, str, str, Any, float]] = []
+        blocked: Set[str] = set()
+        sent = False
+        now = time.monotonic()
+        for post in posts:
+            addr, kind, key, value, t = post
+            if kind == "meta":
+                with self._lock:
+                    r = self._receivers.get(key)
+                    if r is None or r._state in _FINAL:
+                        continue
+            if now - t > self.config.bootstrap_timeout:
+                log.info("dropped %s %s for bootstrap server %s: unanswered for %g s", kind, key, addr,
+                         self.config.bootstrap_timeout)
+                continue
+            if addr in blocked:
+                keep.append(post)
+                continue
+            if kind == "delete":
+                ok, _ = self._bs_call(addr, lambda c: c.delete(key))
+            else:
+                ok, _ = self._bs_call(addr, lambda c: c.put(kind, key, value))
+            if not ok:
+                blocked.add(addr)
+                keep.append(post)
+                continue
+            sent = True
+            if kind == "meta":
+                with self._lock:
+                    r = self._receivers.get(key)
+                    if r is not None:
+                        r._meta_posted = True
+        with self._lock:
+            self._posts.extendleft(reversed(keep))
+        return sent
 
     # ---- lifetime ----
 
@@ -1029,8 +1069,7 @@ class KvproxyKVSender(_Request):
             f = self._failure
             value = {"state": "failed", "code": f.code if f else "?", "reason": f.failure_reason if f else "?"}
         value["node_id"] = self.kv_mgr.node_id
-        self.kv_mgr._posts.append((self.bootstrap_addr, "status", self.key, value))
-        self.kv_mgr._wake.set()
+        self.kv_mgr._post_locked(self.bootstrap_addr, "status", self.key, value)
 
     def _fail_locked(self, code: str, reason: str, completion: Optional[Completion] = None, from_prefill: bool = False) -> bool:
         if not super()._fail_locked(code, reason, completion, from_prefill):
@@ -1205,8 +1244,7 @@ class KvproxyKVReceiver(_Request):
             }
             self._t_meta = time.monotonic()
             self._set_locked(KVPoll.Transferring)
-            mgr._posts.append((self.bootstrap_addr, "meta", self.key, meta))
-        mgr._wake.set()
+            mgr._post_locked(self.bootstrap_addr, "meta", self.key, meta)
 
     # reaper thread, manager lock held
     def _landed(self, c: Completion) -> None:
@@ -1254,6 +1292,9 @@ class KvproxyKVReceiver(_Request):
                 assert self._expected is not None and self._t_meta is not None
                 if self._landed_bytes >= self._expected or self._prefill_done:
                     self._finish_locked()
+                elif not self._meta_posted and now - self._t_meta > mgr.config.bootstrap_timeout:
+                    self._fail_locked("bootstrap-timeout", f"metadata not delivered to bootstrap server "
+                                      f"{self.bootstrap_addr} within {mgr.config.bootstrap_timeout:g} s")
                 elif now - self._t_meta > mgr.config.waiting_timeout:
                     self._fail_locked("waiting-timeout", f"{self._landed_bytes} of {self._expected} bytes landed "
                                       f"within {mgr.config.waiting_timeout:g} s")

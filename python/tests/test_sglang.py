@@ -441,6 +441,39 @@ class SglangAdapterTest(unittest.TestCase):
             pm.close()
             kv.close()
 
+    def test_unreachable_bootstrap_server(self) -> None:
+        """A request whose prefill server does not answer fails with
+        bootstrap-timeout and does not hold up the others of the manager."""
+        kv = PagedKV(self.LAYERS, 32)
+        dm = manager(kv, ks.DisaggregationMode.DECODE, "decode0", bootstrap_timeout=2.0)
+        try:
+            dead = f"127.0.0.1:{tb.free_ports(1)[0]}"  # nothing listens there
+            self.assertFalse(dm.try_ensure_parallel_info(dead))
+            lost = ks.KVReceiver(dm, dead, new_room())
+            lost.init([1, 2], 0)  # older sglang: metadata queued for the dead server
+            self.assertEqual(lost.poll(), KVPoll.Transferring)
+            sender, receiver = self.handshake(dm, new_room())
+            receiver.send_metadata([3], 0, [])
+            poll_until(sender, [KVPoll.WaitingForInput])
+            sender.init(1, 0)
+            sender.send([3])
+            poll_until(receiver, [KVPoll.Success])
+            self.assertEqual(kv.page(0, 3), self.pkv.page(0, 3))
+            other = ks.KVReceiver(dm, dead, new_room())
+            e = failure_of(lost)
+            self.assertEqual(e.code, "bootstrap-timeout")
+            self.assertIn("metadata not delivered", e.failure_reason)
+            e = failure_of(other)
+            self.assertEqual(e.code, "bootstrap-timeout")
+            self.assertIn("unreachable", e.failure_reason)
+            lost.clear()
+            other.clear()
+            sender.clear()
+            receiver.clear()
+        finally:
+            dm.close()
+            kv.close()
+
     def test_layout_and_page_count_mismatch(self) -> None:
         kv = PagedKV(self.LAYERS, 32, item_k=8192)  # another model or TP size on the decode side
         dm = manager(kv, ks.DisaggregationMode.DECODE, "decode0")
