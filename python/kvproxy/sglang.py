@@ -390,7 +390,8 @@ def _int_list(x: Any) -> List[int]:
 
 
 def _is_index_list(x: Any) -> bool:
-    return hasattr(x, "tolist") and getattr(x, "ndim", 1) != 0 or isinstance(x, (list, tuple))
+    """True for a list of page indices (sglang's older receiver.init), False for a DP rank."""
+    return (hasattr(x, "tolist") and getattr(x, "ndim", 1) != 0) or isinstance(x, (list, tuple))
 
 
 def _has_items(state_indices: Any) -> bool:
@@ -569,7 +570,11 @@ class KvproxyKVManager:
         if not self.config.socket:
             raise ValueError("kvproxy.sglang: no kvproxyd socket: set kvproxy_socket in "
                              "--disaggregation-transfer-backend-extra-config or $KVPROXY_SOCKET")
-        sock = self.config.socket.format(engine_rank=self.engine_rank, gpu_id=self.gpu_id)
+        try:
+            sock = self.config.socket.format(engine_rank=self.engine_rank, gpu_id=self.gpu_id)
+        except (KeyError, IndexError, ValueError) as e:
+            raise ValueError(f"kvproxy_socket {self.config.socket!r}: only {{engine_rank}} and {{gpu_id}} "
+                             f"can be replaced ({e!r})") from None
 
         self._lock = threading.RLock()
         self._changed = threading.Condition(self._lock)
