@@ -137,7 +137,8 @@ def free_ports(n: int) -> List[int]:
 class Daemon:
     """One kvproxyd this test started, with its config, sockets and log."""
 
-    def __init__(self, tmp: Path, node_id: str, port: int, peer_id: str, peer_port: int, extra: str = "") -> None:
+    def __init__(self, tmp: Path, node_id: str, port: int, peer_id: str, peer_port: int, extra: str = "",
+                 timeouts: str = "") -> None:
         self.node_id = node_id
         self.port = port
         self.sock = str(tmp / f"{node_id}.sock")
@@ -156,6 +157,7 @@ log_level = "info";
 timeouts = {{
 	peer_ms = 1000;
 	reconnect_ms = 100;
+	{timeouts}
 }};
 {extra}
 peers = (
@@ -285,10 +287,10 @@ DECODE: Optional[Daemon] = None
 STARTED: List[Daemon] = []
 
 
-def start_pair(tmp: Path, a: str, b: str) -> tuple:
+def start_pair(tmp: Path, a: str, b: str, extra: str = "", timeouts: str = "") -> tuple:
     pa, pb = free_ports(2)
-    da = Daemon(tmp, a, pa, b, pb)
-    db = Daemon(tmp, b, pb, a, pa)
+    da = Daemon(tmp, a, pa, b, pb, extra, timeouts)
+    db = Daemon(tmp, b, pb, a, pa, extra, timeouts)
     for d in (da, db):
         STARTED.append(d)
         d.start()

@@ -271,7 +271,10 @@ def main() -> int:
     gpu_client = None if HOST_ONLY else build_path("GPU_CLIENT", "tests/gpu/gpu_client")
     tmp = Path(tempfile.mkdtemp(prefix="kvp-gpu-sglang."))
     log(f"temp dir {tmp}")
-    prefill, decode = tb.start_pair(tmp, "prefill0", "decode0")
+    # Up to 16 x 32 MiB queued per connection: give staging more than the
+    # default second before a transfer that has not started counts as
+    # "no-buffers" (the same for the Python and the C runs).
+    prefill, decode = tb.start_pair(tmp, "prefill0", "decode0", timeouts="admission_ms = 10000;")
     boot = ks.KvproxyKVBootstrapServer(host="127.0.0.1", port=0)
     addr = f"127.0.0.1:{boot.port}"
     results: Dict[str, Dict[str, object]] = {}
