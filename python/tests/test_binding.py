@@ -802,9 +802,11 @@ class DaemonDeathTest(unittest.TestCase):
             buf.close()
 
 
-def main() -> int:
+def require_daemon_and_library() -> None:
+    """Skip (77) unless $KVPROXYD is an executable and libkvproxy loads (under ASan where it is an ASan build)."""
     if not os.environ.get("KVPROXYD"):
-        skip_all("$KVPROXYD is not set (meson sets it from kvproxyd_exe; run through 'meson test')")
+        skip_all("$KVPROXYD is not set (meson sets it from kvproxyd_exe; run through 'meson test', "
+                 "or point it into a tools/bundle.sh bundle)")
     if not os.access(os.environ["KVPROXYD"], os.X_OK):
         skip_all(f"$KVPROXYD={os.environ['KVPROXYD']} is not an executable")
     asan_reexec()
@@ -812,6 +814,10 @@ def main() -> int:
         kvproxy.HostBuffer(4096).close()
     except kvproxy.LibraryNotFoundError as e:
         skip_all(str(e))
+
+
+def main() -> int:
+    require_daemon_and_library()
     loader = unittest.TestLoader()
     suite = unittest.TestSuite()
     suite.addTests(loader.loadTestsFromTestCase(BindingTest))

@@ -260,13 +260,7 @@ def c_rate(tool: str, dec_cmd: List[str], pre_cmd: List[str], parse: Callable[[s
 
 
 def main() -> int:
-    if not os.environ.get("KVPROXYD"):
-        tb.skip_all("$KVPROXYD is not set (meson sets it; from a bundle: BUNDLE/build/app/kvproxyd)")
-    tb.asan_reexec()
-    try:
-        kvproxy.HostBuffer(4096).close()
-    except kvproxy.LibraryNotFoundError as e:
-        tb.skip_all(str(e))
+    tb.require_daemon_and_library()
     bench = build_path("KVPROXY_BENCH", "tools/bench/kvproxy-bench")
     gpu_client = None if HOST_ONLY else build_path("GPU_CLIENT", "tests/gpu/gpu_client")
     tmp = Path(tempfile.mkdtemp(prefix="kvp-gpu-sglang."))

@@ -20,6 +20,7 @@ temp dir. Exit status: 0 pass, 1 fail, 77 skip (with the reason).
 from __future__ import annotations
 
 import array
+import contextlib
 import ctypes
 import enum
 import errno
@@ -33,7 +34,7 @@ import time
 import unittest
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, Iterator, Optional, Sequence, Tuple
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -120,6 +121,21 @@ def manager(kv: PagedKV, mode: ks.DisaggregationMode, node: str, **settings) -> 
     provider = ks.KvproxyBackend()
     cls = provider.get_kv_class(SglangKVClassType.MANAGER)
     return cls(kv.args(), mode, server_args(DAEMONS[node].sock, **settings), False)
+
+
+@contextlib.contextmanager
+def worker(mode: ks.DisaggregationMode, node: str, layers: int = 4, pages: int = 32, item_k: int = 4096,
+           **settings) -> Iterator[Tuple[PagedKV, ks.KvproxyKVManager]]:
+    """A worker of one test case's own: its KV cache and manager, both closed after."""
+    kv = PagedKV(layers, pages, item_k=item_k)
+    try:
+        mgr = manager(kv, mode, node, **settings)
+        try:
+            yield kv, mgr
+        finally:
+            mgr.close()
+    finally:
+        kv.close()
 
 
 class SglangKVClassType(enum.Enum):
@@ -233,6 +249,15 @@ class SglangAdapterTest(unittest.TestCase):
         poll_until(receiver, [KVPoll.WaitingForInput])
         return sender, receiver
 
+    def wait_decode0_regions(self) -> None:
+        """Until decode0 holds only the regions of the shared decode worker
+        (the daemon reclaims those of a closed client when it sees it go); bounded."""
+        want = self.dm._kv.region_count + self.dm._aux.region_count
+        deadline = time.monotonic() + XFER_TIMEOUT
+        while (n := DAEMONS["decode0"].admin_call("status")["regions"]) != want:
+            self.assertLess(time.monotonic(), deadline, f"decode0 holds {n} regions, the live workers {want}")
+            self.dm.wait_for_change(0.05)
+
     # ---- the sglang call sequence, bytes checked ----
 
     def test_chunked_transfer_pages_and_aux(self) -> None:
@@ -331,9 +356,7 @@ class SglangAdapterTest(unittest.TestCase):
 
     def test_peer_unknown(self) -> None:
         """The decode worker's kvproxyd (decode1) is not a peer of prefill0."""
-        kv = PagedKV(self.LAYERS, 32)
-        dm = manager(kv, ks.DisaggregationMode.DECODE, "decode1")
-        try:
+        with worker(ks.DisaggregationMode.DECODE, "decode1") as (kv, dm):
             sender, receiver = self.handshake(dm, new_room())
             receiver.send_metadata([1, 2, 3], 0, [])
             e = failure_of(sender)
@@ -352,30 +375,16 @@ class SglangAdapterTest(unittest.TestCase):
             self.assertEqual(receiver.conclude_state, KVPoll.Failed)
             sender.clear()
             receiver.clear()
-        finally:
-            dm.close()
-            kv.close()
 
     def test_destination_region_gone(self) -> None:
         """The decode worker went away after sending its metadata: its regions are gone."""
-        kv = PagedKV(self.LAYERS, 32)
-        dm = manager(kv, ks.DisaggregationMode.DECODE, "decode0")
-        d0 = DAEMONS["decode0"]
-        before = d0.admin_call("status")["regions"]
-        try:
+        with worker(ks.DisaggregationMode.DECODE, "decode0") as (_kv, dm):
             sender, receiver = self.handshake(dm, new_room())
             receiver.send_metadata([4, 5], 0, [])
             poll_until(sender, [KVPoll.WaitingForInput])
-        finally:
-            gone = dm._kv.region_count + dm._aux.region_count
-            dm.close()
-            kv.close()
         self.assertEqual(receiver.poll(), KVPoll.Failed)  # its manager closed
         self.assertEqual(failure_of(receiver).code, "closed")
-        deadline = time.monotonic() + XFER_TIMEOUT
-        while d0.admin_call("status")["regions"] > before - gone:
-            self.assertLess(time.monotonic(), deadline, "decode0 did not reclaim the closed worker's regions")
-            dm.wait_for_change(0.05)
+        self.wait_decode0_regions()
         sender.init(2, 0)
         sender.send([9, 10])
         e = failure_of(sender)
@@ -389,9 +398,7 @@ class SglangAdapterTest(unittest.TestCase):
     def test_transfer_timeout(self) -> None:
         """Every kvproxy transfer of this prefill worker has a 1 ns deadline:
         both sides end Failed with code timeout."""
-        kv = PagedKV(self.LAYERS, 32)
-        pm = manager(kv, ks.DisaggregationMode.PREFILL, "prefill0", transfer_timeout=1e-9)
-        try:
+        with worker(ks.DisaggregationMode.PREFILL, "prefill0", transfer_timeout=1e-9) as (kv, pm):
             sender, receiver = self.handshake(self.dm, new_room(), pm=pm)
             receiver.send_metadata([30, 31, 32], 2, [])
             poll_until(sender, [KVPoll.WaitingForInput])
@@ -406,15 +413,10 @@ class SglangAdapterTest(unittest.TestCase):
             self.assertTrue(d.from_prefill)
             sender.clear()
             receiver.clear()
-        finally:
-            pm.close()
-            kv.close()
 
     def test_decode_waiting_timeout(self) -> None:
         """The prefill side never sends: the decode side gives up after waiting_timeout."""
-        kv = PagedKV(self.LAYERS, 32)
-        dm = manager(kv, ks.DisaggregationMode.DECODE, "decode0", waiting_timeout=1.0)
-        try:
+        with worker(ks.DisaggregationMode.DECODE, "decode0", waiting_timeout=1.0) as (kv, dm):
             room = new_room()
             receiver = ks.KVReceiver(dm, self.addr, room)
             poll_until(receiver, [KVPoll.WaitingForInput])
@@ -425,28 +427,18 @@ class SglangAdapterTest(unittest.TestCase):
             self.assertEqual(e.code, "waiting-timeout")
             self.assertEqual(e.errno, errno.ETIMEDOUT)
             receiver.clear()
-        finally:
-            dm.close()
-            kv.close()
 
     def test_prefill_bootstrap_timeout(self) -> None:
-        kv = PagedKV(self.LAYERS, 32)
-        pm = manager(kv, ks.DisaggregationMode.PREFILL, "prefill0", bootstrap_timeout=0.5)
-        try:
+        with worker(ks.DisaggregationMode.PREFILL, "prefill0", bootstrap_timeout=0.5) as (kv, pm):
             sender = ks.KVSender(pm, self.addr, new_room(), dest_tp_ranks=[0], pp_rank=0)
             e = failure_of(sender)
             self.assertEqual(e.code, "bootstrap-timeout")
             sender.clear()
-        finally:
-            pm.close()
-            kv.close()
 
     def test_unreachable_bootstrap_server(self) -> None:
         """A request whose prefill server does not answer fails with
         bootstrap-timeout and does not hold up the others of the manager."""
-        kv = PagedKV(self.LAYERS, 32)
-        dm = manager(kv, ks.DisaggregationMode.DECODE, "decode0", bootstrap_timeout=2.0)
-        try:
+        with worker(ks.DisaggregationMode.DECODE, "decode0", bootstrap_timeout=2.0) as (kv, dm):
             dead = f"127.0.0.1:{tb.free_ports(1)[0]}"  # nothing listens there
             self.assertFalse(dm.try_ensure_parallel_info(dead))
             lost = ks.KVReceiver(dm, dead, new_room())
@@ -470,22 +462,14 @@ class SglangAdapterTest(unittest.TestCase):
             other.clear()
             sender.clear()
             receiver.clear()
-        finally:
-            dm.close()
-            kv.close()
 
     def test_layout_and_page_count_mismatch(self) -> None:
-        kv = PagedKV(self.LAYERS, 32, item_k=8192)  # another model or TP size on the decode side
-        dm = manager(kv, ks.DisaggregationMode.DECODE, "decode0")
-        try:
+        with worker(ks.DisaggregationMode.DECODE, "decode0", item_k=8192) as (kv, dm):  # another model or TP size on the decode side
             sender, receiver = self.handshake(dm, new_room())
             receiver.send_metadata([1, 2], 0, [])
             self.assertEqual(failure_of(sender).code, "layout")
             e = failure_of(receiver)
             self.assertEqual((e.code, e.errno, e.from_prefill), ("layout", errno.EINVAL, True))
-        finally:
-            dm.close()
-            kv.close()
         sender, receiver = self.handshake(self.dm, new_room())
         receiver.send_metadata([1, 2], 0, [])
         poll_until(sender, [KVPoll.WaitingForInput])
@@ -535,8 +519,7 @@ class SglangAdapterTest(unittest.TestCase):
         finally:
             kv.close()
         # The daemon holds no region of the refused managers.
-        self.assertEqual(DAEMONS["decode0"].admin_call("status")["regions"],
-                         self.dm._kv.region_count + self.dm._aux.region_count)
+        self.wait_decode0_regions()
 
     def test_regions_and_provider(self) -> None:
         # K buffers share one memfd, V buffers another; each aux buffer has a mirror.
@@ -591,9 +574,7 @@ class DaemonGoneTest(unittest.TestCase):
         doomed.start()
         doomed.wait_ready(need_peer=False)
         DAEMONS["doomed0"] = doomed
-        kv = PagedKV(2, 8)
-        dm = manager(kv, ks.DisaggregationMode.DECODE, "doomed0")
-        try:
+        with worker(ks.DisaggregationMode.DECODE, "doomed0", layers=2, pages=8) as (_kv, dm):
             addr = f"127.0.0.1:{BOOT.port}"
             receiver = ks.KVReceiver(dm, addr, new_room())
             poll_until(receiver, [KVPoll.WaitingForInput])
@@ -606,19 +587,10 @@ class DaemonGoneTest(unittest.TestCase):
             self.assertEqual(e.errno, errno.EPIPE)
             late = ks.KVReceiver(dm, addr, new_room())
             self.assertEqual(failure_of(late).code, "daemon-gone")
-        finally:
-            dm.close()
-            kv.close()
 
 
 def main() -> int:
-    if not os.environ.get("KVPROXYD"):
-        tb.skip_all("$KVPROXYD is not set (meson sets it from kvproxyd_exe; run through 'meson test')")
-    tb.asan_reexec()
-    try:
-        kvproxy.HostBuffer(4096).close()
-    except kvproxy.LibraryNotFoundError as e:
-        tb.skip_all(str(e))
+    tb.require_daemon_and_library()
     if not hasattr(random.Random, "randbytes"):
         tb.skip_all("Python >= 3.9 needed (random.randbytes)")
     loader = unittest.TestLoader()
