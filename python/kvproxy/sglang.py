@@ -586,6 +586,7 @@ class KvproxyKVManager:
         self._by_tag: Dict[int, KvproxyKVReceiver] = {}
         self._queue: Deque[_Piece] = deque()
         self._inflight: Dict[int, _Piece] = {}
+        self._ring_full = False
         self._posts: Deque[Tuple[str, str, str, Any, float]] = deque()  # (addr, kind, key, value, queued)
         self._bs_clients: Dict[str, BootstrapClient] = {}
         self._backoff: Dict[str, Tuple[float, float]] = {}  # addr -> (retry at, delay)
@@ -779,6 +780,7 @@ class KvproxyKVManager:
 
     def _flush_locked(self) -> None:
         """Submit queued transfers while fewer than max_inflight are in flight."""
+        self._ring_full = False
         while self._queue and len(self._inflight) < self.config.max_inflight:
             piece = self._queue[0]
             if piece.sender._state in _FINAL:
@@ -788,7 +790,8 @@ class KvproxyKVManager:
             try:
                 self.client.submit(piece.peer, piece.segs, piece.uid, timeout=self.config.transfer_timeout)
             except RingFull:
-                return  # the reaper retries
+                self._ring_full = True  # the reaper retries soon: no completion may come to wake it
+                return
             except KvproxyError as e:
                 self._queue.popleft()
                 piece.sender._pending -= 1
@@ -816,7 +819,7 @@ class KvproxyKVManager:
         """Reap completions and dispatch them; notice a dead daemon."""
         while not self._closing:
             try:
-                comps = self.client.wait(timeout=0.001 if self._queue else 0.2)
+                comps = self.client.wait(timeout=0.001 if self._ring_full else 0.2)
             except KvproxyError as e:
                 if not self._closing:
                     self._daemon_gone(f"kvproxyd at {self.client.socket_path} went away ({e})")
