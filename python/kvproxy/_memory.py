@@ -10,9 +10,11 @@ that cover all the buffers:
   ``memfd_create`` mapping sealed against shrinking whose fd this process
   holds open): found in ``/proc/self/maps``, its fd in ``/proc/self/fd``;
   one region per memfd, spanning the buffers in it;
-* **CUDA device memory** (a pointer in no readable host mapping): one region
-  per CUDA allocation (``cuMemGetAddressRange``), spanning the buffers in it,
-  registered by IPC handle (:meth:`kvproxy.Client.register_cuda`);
+* **CUDA device memory** (a pointer in no readable host mapping, in a
+  mapping of an NVIDIA device file, or, where no mirror is allowed, any other
+  pointer the CUDA driver knows): one region per CUDA allocation
+  (``cuMemGetAddressRange``), spanning the buffers in it, registered by IPC
+  handle (:meth:`kvproxy.Client.register_cuda`);
 * **other host memory** (anonymous or private: ``malloc``, a CPU torch
   tensor), which the daemon cannot map: where the caller allows it, the
   buffer gets a *mirror* (a HostBuffer of the same size, registered), and
@@ -30,7 +32,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from ._buffer import HostBuffer
-from ._errors import InvalidArgument
+from ._errors import InvalidArgument, KvproxyError
 
 __all__ = ["Placement", "RegionMap"]
 
@@ -146,17 +148,18 @@ class RegionMap:
             if length <= 0:
                 raise InvalidArgument(errno.EINVAL, "register", detail=f"buffer {i} at {ptr:#x} has length {length}")
             m = next((m for m in maps if m.start <= ptr < m.end), None)
-            if m is None or not m.readable:
+            if m is None or not m.readable or m.path.startswith("/dev/nvidia"):
                 cuda.append(i)
-            elif ptr + length > m.end:
-                raise InvalidArgument(
-                    errno.EINVAL, "register",
-                    detail=f"buffer {i} [{ptr:#x}, +{length}) runs past its host mapping {m.path or '(anonymous)'}",
-                )
             elif m.shared and m.path.startswith("/memfd:"):
+                if ptr + length > m.end:
+                    raise InvalidArgument(
+                        errno.EINVAL, "register", detail=f"buffer {i} [{ptr:#x}, +{length}) runs past its memfd mapping",
+                    )
                 memfd.setdefault((m.dev, m.inode), []).append((i, m.offset + ptr - m.start))
-            else:
+            elif allow_mirror:
                 plain.append(i)
+            else:
+                cuda.append(i)  # host memory unless the CUDA driver knows it (checked there)
         self.placements = [None] * len(buffers)  # type: ignore[list-item]
         for (dev, ino), items in memfd.items():
             fd = _fd_of(dev, ino)
@@ -178,12 +181,6 @@ class RegionMap:
             self._place_cuda(buffers, cuda, gpu_id)
         for i in plain:
             ptr, length = buffers[i]
-            if not allow_mirror:
-                raise InvalidArgument(
-                    errno.EINVAL, "register",
-                    detail=f"buffer {i} at {ptr:#x} is plain host memory, which kvproxyd cannot map: "
-                    "allocate it as a memfd (kvproxy.HostBuffer) or in GPU memory",
-                )
             mirror = HostBuffer(length)
             self._mirrors.append(mirror)
             region = self._client.register(mirror)
@@ -196,7 +193,15 @@ class RegionMap:
 
         bases: Dict[int, List[int]] = {}
         for i in idx:
-            base, _size = _cuda.allocation_range(buffers[i][0], gpu_id)
+            try:
+                base, _size = _cuda.allocation_range(buffers[i][0], gpu_id)
+            except KvproxyError as e:
+                raise InvalidArgument(
+                    errno.EINVAL, "register",
+                    detail=f"buffer {i} at {buffers[i][0]:#x} is neither a memfd mapping nor CUDA memory "
+                    f"({e.strerror}): kvproxyd cannot map plain host memory; allocate it as a memfd "
+                    "(kvproxy.HostBuffer) or in GPU memory",
+                ) from None
             bases.setdefault(base, []).append(i)
         for items in bases.values():
             lo = min(buffers[i][0] for i in items)
