@@ -42,6 +42,9 @@ carries the status (``status_name`` ``"invalid"``, ``"timeout"``,
 ``"remote"``, ...); :meth:`Completion.raise_for_status` turns it into a
 :class:`TransferError`.
 
+``kvproxy.sglang`` (imported on its own) is a transfer backend for sglang's
+prefill/decode disaggregation on top of this binding.
+
 The shared library is found through ``$KVPROXY_LIB``, else the source tree's
 ``build/lib/client/libkvproxy.so``, else ``ctypes.util.find_library``; it is
 loaded on first use, and :class:`LibraryNotFoundError` says what was tried.

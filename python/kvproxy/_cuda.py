@@ -89,18 +89,43 @@ def describe(obj: Any, length: Optional[int], device: Optional[int]) -> Tuple[in
     return ptr, length, device
 
 
-def ipc_handle(ptr: int, device: int) -> Tuple[bytes, int]:
-    """The IPC handle of the allocation holding ``ptr``, and that allocation's base."""
+def _set_device(device: int) -> ctypes.CDLL:
     rt = _runtime()
     err = rt.cudaSetDevice(device)
     if err:
         raise KvproxyError(errno.ENODEV, "register_cuda", detail=f"cudaSetDevice({device}): {rt.cudaGetErrorString(err).decode()}")
+    return rt
+
+
+def allocation_range(ptr: int, device: int) -> Tuple[int, int]:
+    """(base, size) of the CUDA allocation holding device pointer ``ptr``.
+
+    :raises KvproxyError: ENODEV: no CUDA runtime or driver here, or ``ptr``
+        is not device memory of ``device``.
+    """
+    _set_device(device)
+    base, size = ctypes.c_uint64(), ctypes.c_size_t()
+    try:
+        rc = _cuda_driver().cuMemGetAddressRange_v2(ctypes.byref(base), ctypes.byref(size), ptr)
+    except OSError as e:
+        raise KvproxyError(errno.ENODEV, "register_cuda", detail=f"cannot load the CUDA driver: {e}") from None
+    if rc != 0:
+        raise KvproxyError(
+            errno.ENODEV, "register_cuda",
+            detail=f"{ptr:#x} is not CUDA memory of device {device} (cuMemGetAddressRange: {rc})",
+        )
+    return base.value, size.value
+
+
+def ipc_handle(ptr: int, device: int) -> Tuple[bytes, int]:
+    """The IPC handle of the allocation holding ``ptr``, and that allocation's base."""
+    base, _size = allocation_range(ptr, device)  # also makes ``device`` current
+    rt = _runtime()
     h = _IpcHandle()
-    err = rt.cudaIpcGetMemHandle(ctypes.byref(h), ctypes.c_void_p(ptr))
+    # The handle names the whole allocation: ask with its base, as PyTorch's
+    # own IPC does (a tensor of the caching allocator may start inside one).
+    err = rt.cudaIpcGetMemHandle(ctypes.byref(h), ctypes.c_void_p(base))
     if err:
         raise KvproxyError(errno.ENODEV, "register_cuda", detail=f"cudaIpcGetMemHandle: {rt.cudaGetErrorString(err).decode()}")
-    base, size = ctypes.c_uint64(), ctypes.c_size_t()
-    if _cuda_driver().cuMemGetAddressRange_v2(ctypes.byref(base), ctypes.byref(size), ptr) != 0:
-        raise KvproxyError(errno.ENODEV, "register_cuda", detail="cuMemGetAddressRange failed: not device memory?")
     # string_at, not h.reserved: the handle is binary and may hold NUL bytes.
-    return ctypes.string_at(ctypes.addressof(h), 64), base.value
+    return ctypes.string_at(ctypes.addressof(h), 64), base

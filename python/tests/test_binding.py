@@ -137,8 +137,10 @@ def free_ports(n: int) -> List[int]:
 class Daemon:
     """One kvproxyd this test started, with its config, sockets and log."""
 
-    def __init__(self, tmp: Path, node_id: str, port: int, peer_id: str, peer_port: int, extra: str = "") -> None:
+    def __init__(self, tmp: Path, node_id: str, port: int, peer_id: str, peer_port: int, extra: str = "",
+                 timeouts: str = "") -> None:
         self.node_id = node_id
+        self.port = port
         self.sock = str(tmp / f"{node_id}.sock")
         self.admin = str(tmp / f"{node_id}.admin")
         self.conf = tmp / f"{node_id}.conf"
@@ -155,6 +157,7 @@ log_level = "info";
 timeouts = {{
 	peer_ms = 1000;
 	reconnect_ms = 100;
+	{timeouts}
 }};
 {extra}
 peers = (
@@ -284,10 +287,10 @@ DECODE: Optional[Daemon] = None
 STARTED: List[Daemon] = []
 
 
-def start_pair(tmp: Path, a: str, b: str) -> tuple:
+def start_pair(tmp: Path, a: str, b: str, extra: str = "", timeouts: str = "") -> tuple:
     pa, pb = free_ports(2)
-    da = Daemon(tmp, a, pa, b, pb)
-    db = Daemon(tmp, b, pb, a, pa)
+    da = Daemon(tmp, a, pa, b, pb, extra, timeouts)
+    db = Daemon(tmp, b, pb, a, pa, extra, timeouts)
     for d in (da, db):
         STARTED.append(d)
         d.start()
@@ -799,9 +802,11 @@ class DaemonDeathTest(unittest.TestCase):
             buf.close()
 
 
-def main() -> int:
+def require_daemon_and_library() -> None:
+    """Skip (77) unless $KVPROXYD is an executable and libkvproxy loads (under ASan where it is an ASan build)."""
     if not os.environ.get("KVPROXYD"):
-        skip_all("$KVPROXYD is not set (meson sets it from kvproxyd_exe; run through 'meson test')")
+        skip_all("$KVPROXYD is not set (meson sets it from kvproxyd_exe; run through 'meson test', "
+                 "or point it into a tools/bundle.sh bundle)")
     if not os.access(os.environ["KVPROXYD"], os.X_OK):
         skip_all(f"$KVPROXYD={os.environ['KVPROXYD']} is not an executable")
     asan_reexec()
@@ -809,6 +814,10 @@ def main() -> int:
         kvproxy.HostBuffer(4096).close()
     except kvproxy.LibraryNotFoundError as e:
         skip_all(str(e))
+
+
+def main() -> int:
+    require_daemon_and_library()
     loader = unittest.TestLoader()
     suite = unittest.TestSuite()
     suite.addTests(loader.loadTestsFromTestCase(BindingTest))

@@ -1,0 +1,605 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: BSD-3-Clause
+"""Tests of kvproxy.sglang (the sglang transfer-backend adapter) against live kvproxyd.
+
+Three kvproxyd on 127.0.0.1 (started as in test_binding.py): prefill0 and
+decode0, peers of each other, and decode1, which prefill0 does not know. A
+bootstrap server of the adapter runs in this process. Each case drives the
+adapter through the calls sglang's schedulers make (prefill:
+KVSender -> poll until WaitingForInput -> pop_decode_prefix_len -> init ->
+send per chunk -> poll until Success; decode: KVReceiver ->
+try_ensure_parallel_info -> init(dp rank) -> poll until WaitingForInput ->
+send_metadata -> poll until Success), on KV caches in host memory (per-layer
+K and V buffers in memfds, aux rows in plain memory), and checks the bytes of
+the selected pages, or the typed failure.
+
+Environment: KVPROXYD, KVPROXY_LIB (meson sets both), KVP_KEEP=1 keeps the
+temp dir. Exit status: 0 pass, 1 fail, 77 skip (with the reason).
+"""
+
+from __future__ import annotations
+
+import array
+import contextlib
+import ctypes
+import enum
+import errno
+import json
+import os
+import random
+import shutil
+import sys
+import tempfile
+import time
+import unittest
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Dict, Iterator, Optional, Sequence, Tuple
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
+
+import test_binding as tb  # noqa: E402  (daemon helpers)
+
+import kvproxy  # noqa: E402
+from kvproxy import sglang as ks  # noqa: E402
+from kvproxy.sglang import KVPoll  # noqa: E402
+
+XFER_TIMEOUT = 30.0
+BOOT: Optional[ks.KvproxyKVBootstrapServer] = None
+DAEMONS: Dict[str, tb.Daemon] = {}
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')} test_sglang] {msg}", file=sys.stderr, flush=True)
+
+
+def addr_of(buf: kvproxy.HostBuffer) -> int:
+    # The temporary export ends with the expression, so buf.close() still works.
+    return ctypes.addressof(ctypes.c_char.from_buffer(buf))
+
+
+class PagedKV:
+    """A worker's paged KV cache in host memory, shaped like sglang's MHA pool:
+    ``layers`` K buffers in one memfd and ``layers`` V buffers in another
+    (page ``i`` of buffer ``b`` at ``ptr[b] + i * item[b]``), plus aux
+    (metadata) rows in plain memory, as sglang's CPU tensors are."""
+
+    def __init__(self, layers: int, pages: int, item_k: int = 4096, item_v: int = 2048,
+                 aux_rows: int = 16, aux_items: Sequence[int] = (64, 192)) -> None:
+        self.pages = pages
+        self.k = kvproxy.HostBuffer(layers * pages * item_k)
+        self.v = kvproxy.HostBuffer(layers * pages * item_v)
+        kb, vb = addr_of(self.k), addr_of(self.v)
+        self.ptrs = [kb + l * pages * item_k for l in range(layers)] + [vb + l * pages * item_v for l in range(layers)]
+        self.items = [item_k] * layers + [item_v] * layers
+        self.lens = [pages * it for it in self.items]
+        self.aux_items = list(aux_items)
+        self.aux = [(ctypes.c_char * (aux_rows * it))() for it in self.aux_items]
+
+    def args(self, engine_rank: int = 0) -> ks.KVArgs:
+        return ks.KVArgs(
+            engine_rank=engine_rank, gpu_id=0, page_size=16,
+            kv_data_ptrs=list(self.ptrs), kv_data_lens=list(self.lens), kv_item_lens=list(self.items),
+            aux_data_ptrs=[ctypes.addressof(a) for a in self.aux], aux_data_lens=[len(a) for a in self.aux],
+            aux_item_lens=list(self.aux_items),
+        )
+
+    def page(self, b: int, i: int) -> bytes:
+        return ctypes.string_at(self.ptrs[b] + i * self.items[b], self.items[b])
+
+    def fill_pages(self, pages: Sequence[int], rnd: random.Random) -> None:
+        for b in range(len(self.ptrs)):
+            for i in pages:
+                data = rnd.randbytes(self.items[b])
+                ctypes.memmove(self.ptrs[b] + i * self.items[b], data, len(data))
+
+    def aux_row(self, j: int, r: int) -> bytes:
+        it = self.aux_items[j]
+        return bytes(self.aux[j][r * it:(r + 1) * it])
+
+    def set_aux_row(self, j: int, r: int, data: bytes) -> None:
+        it = self.aux_items[j]
+        self.aux[j][r * it:(r + 1) * it] = data
+
+    def close(self) -> None:
+        self.k.close()
+        self.v.close()
+
+
+def server_args(sock: str, **settings) -> SimpleNamespace:
+    """What the adapter reads of sglang's ServerArgs, with the operator's backend selection."""
+    extra = {"backend_name": "kvproxy", "module_path": "kvproxy.sglang", "class_name": "KvproxyBackend",
+             "kvproxy_socket": sock}
+    extra.update({f"kvproxy_{k}": v for k, v in settings.items()})
+    return SimpleNamespace(host="127.0.0.1", disaggregation_bootstrap_port=BOOT.port, pp_size=1,
+                           disaggregation_transfer_backend_extra_config=json.dumps(extra))
+
+
+def manager(kv: PagedKV, mode: ks.DisaggregationMode, node: str, **settings) -> ks.KvproxyKVManager:
+    provider = ks.KvproxyBackend()
+    cls = provider.get_kv_class(SglangKVClassType.MANAGER)
+    return cls(kv.args(), mode, server_args(DAEMONS[node].sock, **settings), False)
+
+
+@contextlib.contextmanager
+def worker(mode: ks.DisaggregationMode, node: str, layers: int = 4, pages: int = 32, item_k: int = 4096,
+           **settings) -> Iterator[Tuple[PagedKV, ks.KvproxyKVManager]]:
+    """A worker of one test case's own: its KV cache and manager, both closed after."""
+    kv = PagedKV(layers, pages, item_k=item_k)
+    try:
+        mgr = manager(kv, mode, node, **settings)
+        try:
+            yield kv, mgr
+        finally:
+            mgr.close()
+    finally:
+        kv.close()
+
+
+class SglangKVClassType(enum.Enum):
+    """A stand-in for sglang's KVClassType (the provider compares values)."""
+
+    KVARGS = "kvargs"
+    MANAGER = "manager"
+    SENDER = "sender"
+    RECEIVER = "receiver"
+    BOOTSTRAP_SERVER = "bootstrap_server"
+
+
+def poll_until(obj, want: Sequence[KVPoll], timeout: float = XFER_TIMEOUT) -> KVPoll:
+    """poll() as a scheduler does, until a state in ``want``; bounded; Failed is an error unless wanted."""
+    deadline = time.monotonic() + timeout
+    while True:
+        st = obj.poll()
+        if st in want:
+            return st
+        if st == KVPoll.Failed:
+            try:
+                obj.failure_exception()
+            except ks.KVTransferError as e:
+                raise AssertionError(f"{type(obj).__name__} failed: {e}") from e
+            raise AssertionError(f"{type(obj).__name__} failed without an exception")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{type(obj).__name__} still {st.name} after {timeout}s, wanted {[w.name for w in want]}")
+        obj.kv_mgr.wait_for_change(0.05)
+
+
+def failure_of(obj) -> ks.KVTransferError:
+    st = poll_until(obj, [KVPoll.Failed])
+    assert st == KVPoll.Failed
+    try:
+        obj.failure_exception()
+    except ks.KVTransferError as e:
+        return e
+    raise AssertionError("failure_exception() did not raise")
+
+
+_rooms = iter(range(1 << 40, 1 << 41, 7919))
+
+
+def new_room() -> int:
+    return next(_rooms)
+
+
+def setUpModule() -> None:
+    global BOOT
+    tb.TMP = Path(tempfile.mkdtemp(prefix="kvp-sglang."))
+    log(f"temp dir {tb.TMP}")
+    p, d = tb.start_pair(tb.TMP, "prefill0", "decode0")
+    # decode1 lists prefill0 as a peer, prefill0 does not know decode1.
+    stray = tb.Daemon(tb.TMP, "decode1", tb.free_ports(1)[0], "prefill0", p.port)
+    tb.STARTED.append(stray)
+    stray.start()
+    stray.wait_ready(need_peer=False)
+    DAEMONS.update({"prefill0": p, "decode0": d, "decode1": stray})
+    BOOT = ks.KvproxyKVBootstrapServer(host="127.0.0.1", port=0)
+
+
+def tearDownModule() -> None:
+    if BOOT is not None:
+        BOOT.close()
+    problems = []
+    for d in reversed(tb.STARTED):
+        p = d.stop()
+        if p and d.node_id != "doomed0":  # killed on purpose
+            problems.append(p + "\n" + d.log_tail())
+    if problems or os.environ.get("KVP_KEEP"):
+        log(f"kept {tb.TMP}")
+    else:
+        shutil.rmtree(tb.TMP, ignore_errors=True)
+    if problems:
+        raise AssertionError("\n".join(problems))
+
+
+class SglangAdapterTest(unittest.TestCase):
+    """Transfers and failures through the adapter, one prefill and one decode worker."""
+
+    LAYERS = 4
+    P_PAGES = 600
+    D_PAGES = 700
+
+    @classmethod
+    def setUpClass(cls) -> None:
+        cls.pkv = PagedKV(cls.LAYERS, cls.P_PAGES)
+        cls.dkv = PagedKV(cls.LAYERS, cls.D_PAGES)
+        cls.pm = manager(cls.pkv, ks.DisaggregationMode.PREFILL, "prefill0")
+        cls.dm = manager(cls.dkv, ks.DisaggregationMode.DECODE, "decode0")
+        cls.addr = f"127.0.0.1:{BOOT.port}"
+
+    @classmethod
+    def tearDownClass(cls) -> None:
+        cls.pm.close()
+        cls.dm.close()
+        cls.pkv.close()
+        cls.dkv.close()
+
+    def handshake(self, dm: ks.KvproxyKVManager, room: int, pm: Optional[ks.KvproxyKVManager] = None):
+        """Sender and receiver for ``room``, the receiver bootstrapped (WaitingForInput)."""
+        sender = ks.KVSender(pm or self.pm, self.addr, room, dest_tp_ranks=[0], pp_rank=0)
+        self.assertEqual(sender.poll(), KVPoll.Bootstrapping)
+        receiver = ks.KVReceiver(dm, self.addr, room)
+        deadline = time.monotonic() + XFER_TIMEOUT
+        while not dm.try_ensure_parallel_info(self.addr):  # the decode scheduler retries this too
+            self.assertLess(time.monotonic(), deadline, "prefill info never available")
+            dm.wait_for_change(0.05)
+        self.assertEqual(dm.prefill_info_table[self.addr].dp_size, 1)
+        receiver.init(0)
+        poll_until(receiver, [KVPoll.WaitingForInput])
+        return sender, receiver
+
+    def wait_decode0_regions(self) -> None:
+        """Until decode0 holds only the regions of the shared decode worker
+        (the daemon reclaims those of a closed client when it sees it go); bounded."""
+        want = self.dm._kv.region_count + self.dm._aux.region_count
+        deadline = time.monotonic() + XFER_TIMEOUT
+        while (n := DAEMONS["decode0"].admin_call("status")["regions"]) != want:
+            self.assertLess(time.monotonic(), deadline, f"decode0 holds {n} regions, the live workers {want}")
+            self.dm.wait_for_change(0.05)
+
+    # ---- the sglang call sequence, bytes checked ----
+
+    def test_chunked_transfer_pages_and_aux(self) -> None:
+        rnd = random.Random(81)
+        room = new_room()
+        sender, receiver = self.handshake(self.dm, room)
+        # A request of 240 pages: scattered on both sides (every other page
+        # here, shuffled runs there), so 8 buffers need well over
+        # max_segments segments: several kvproxy transfers.
+        src = list(range(1, 481, 2))
+        src[10:20] = range(500, 510)  # a run of consecutive pages on both sides: one segment per buffer
+        dst = rnd.sample(range(600), len(src))
+        dst[10:20] = range(600, 610)
+        self.pkv.fill_pages(src, rnd)
+        row = [rnd.randbytes(it) for it in self.pkv.aux_items]
+        for j, data in enumerate(row):
+            self.pkv.set_aux_row(j, 3, data)
+
+        receiver.send_metadata(array.array("i", dst), 5, [], decode_prefix_len=0)
+        self.assertEqual(receiver.poll(), KVPoll.Transferring)
+        poll_until(sender, [KVPoll.WaitingForInput])
+        self.assertEqual(sender.pop_decode_prefix_len(), 0)
+        sender.init(len(src), 3)
+        self.assertTrue(sender.should_send_kv_chunk(100, False))
+        sender.send(array.array("q", src[:100]), None)
+        self.assertIn(sender.poll(), (KVPoll.Transferring, KVPoll.Success))
+        self.assertNotEqual(sender.poll(), KVPoll.Success, "Success before the last chunk")
+        sender.send(src[100:], [])
+        self.assertEqual(poll_until(sender, [KVPoll.Success]), KVPoll.Success)
+        self.assertEqual(poll_until(receiver, [KVPoll.Success]), KVPoll.Success)
+        self.assertIsNone(sender.failure_exception())
+        self.assertGreaterEqual(sender._next_piece, 3, "expected several kvproxy transfers (max_segments each)")
+        self.assertEqual(receiver.conclude_state, KVPoll.Success)
+
+        nbuf = 2 * self.LAYERS
+        for b in range(nbuf):
+            for s, d in zip(src, dst):
+                self.assertEqual(self.dkv.page(b, d), self.pkv.page(b, s), f"buffer {b}: page {s} -> {d}")
+        untouched = sorted(set(range(self.D_PAGES)) - set(dst))[:50]
+        for b in range(nbuf):
+            for d in untouched:
+                self.assertEqual(self.dkv.page(b, d), bytes(self.dkv.items[b]), f"buffer {b}: page {d} was written")
+        for j, data in enumerate(row):
+            self.assertEqual(self.dkv.aux_row(j, 5), data, f"aux buffer {j} row")
+            self.assertEqual(self.dkv.aux_row(j, 4), bytes(self.dkv.aux_items[j]), f"aux buffer {j}: other row written")
+        m = sender.get_transfer_metric()
+        want = len(src) * sum(self.pkv.items) + sum(self.pkv.aux_items)
+        self.assertEqual(m.transfer_total_bytes, want)
+        self.assertGreater(m.transfer_latency_s, 0)
+        sender.clear()
+        receiver.clear()
+
+    def test_decode_prefix_and_legacy_receiver_init(self) -> None:
+        """The decode side holds a prefix (sends only the rest); older sglang's
+        receiver.init(page_indices, aux_index) instead of send_metadata."""
+        rnd = random.Random(82)
+        room = new_room()
+        sender = ks.KVSender(self.pm, self.addr, room, dest_tp_ranks=[0], pp_rank=0)
+        receiver = ks.KVReceiver(self.dm, self.addr, room)
+        poll_until(receiver, [KVPoll.WaitingForInput])  # old schedulers poll before init
+        dst = [650, 651, 652, 40]
+        receiver.init(array.array("i", dst), 7)
+        poll_until(sender, [KVPoll.WaitingForInput])
+        self.assertEqual(sender.pop_decode_prefix_len(), 0)
+        src = [590, 591, 592, 593]
+        self.pkv.fill_pages(src, rnd)
+        sender.init(len(src), 0)
+        sender.send(src)
+        poll_until(sender, [KVPoll.Success])
+        poll_until(receiver, [KVPoll.Success])
+        for b in range(2 * self.LAYERS):
+            for s, d in zip(src, dst):
+                self.assertEqual(self.dkv.page(b, d), self.pkv.page(b, s))
+        sender.clear()
+        receiver.clear()
+
+        room = new_room()
+        sender, receiver = self.handshake(self.dm, room)
+        receiver.send_metadata([20, 21], 1, None, decode_prefix_len=32)
+        poll_until(sender, [KVPoll.WaitingForInput])
+        self.assertEqual(sender.pop_decode_prefix_len(), 32)
+        self.assertEqual(sender.pop_decode_prefix_len(), 0, "pop_decode_prefix_len() pops")
+        src = [7, 8]
+        self.pkv.fill_pages(src, rnd)
+        sender.init(2, 1)
+        self.assertTrue(sender.should_send_kv_chunk(0, True), "an empty last chunk still carries the aux row")
+        sender.send(src)
+        poll_until(sender, [KVPoll.Success])
+        poll_until(receiver, [KVPoll.Success])
+        self.assertEqual(self.dkv.page(0, 20), self.pkv.page(0, 7))
+        self.assertEqual(self.dkv.page(2 * self.LAYERS - 1, 21), self.pkv.page(2 * self.LAYERS - 1, 8))
+        sender.clear()
+        receiver.clear()
+
+    # ---- failures: typed, on both sides, never an endless Transferring ----
+
+    def test_peer_unknown(self) -> None:
+        """The decode worker's kvproxyd (decode1) is not a peer of prefill0."""
+        with worker(ks.DisaggregationMode.DECODE, "decode1") as (kv, dm):
+            sender, receiver = self.handshake(dm, new_room())
+            receiver.send_metadata([1, 2, 3], 0, [])
+            e = failure_of(sender)
+            self.assertEqual(e.code, "peer-unknown")
+            self.assertEqual(e.errno, errno.ENOENT)
+            self.assertIn("decode1", e.failure_reason)
+            self.assertIn("not a configured peer", e.failure_reason)  # the daemon's reason
+            self.assertIsInstance(e, kvproxy.KvproxyError)
+            sender.init(3, 0)  # what the scheduler may still call: harmless
+            sender.send([1, 2, 3])
+            self.assertEqual(sender.poll(), KVPoll.Failed)
+            d = failure_of(receiver)
+            self.assertEqual(d.code, "peer-unknown")
+            self.assertTrue(d.from_prefill)
+            self.assertIn("prefill0", d.failure_reason)
+            self.assertEqual(receiver.conclude_state, KVPoll.Failed)
+            sender.clear()
+            receiver.clear()
+
+    def test_destination_region_gone(self) -> None:
+        """The decode worker went away after sending its metadata: its regions are gone."""
+        with worker(ks.DisaggregationMode.DECODE, "decode0") as (_kv, dm):
+            sender, receiver = self.handshake(dm, new_room())
+            receiver.send_metadata([4, 5], 0, [])
+            poll_until(sender, [KVPoll.WaitingForInput])
+        self.assertEqual(receiver.poll(), KVPoll.Failed)  # its manager closed
+        self.assertEqual(failure_of(receiver).code, "closed")
+        self.wait_decode0_regions()
+        sender.init(2, 0)
+        sender.send([9, 10])
+        e = failure_of(sender)
+        self.assertEqual(e.code, "remote")
+        self.assertEqual(e.errno, errno.EREMOTEIO)
+        self.assertIn("status remote", e.failure_reason)
+        self.assertIsNotNone(e.completion)
+        self.assertEqual(e.completion.status_name, "remote")
+        sender.clear()
+
+    def test_transfer_timeout(self) -> None:
+        """Every kvproxy transfer of this prefill worker has a 1 ns deadline:
+        both sides end Failed with code timeout."""
+        with worker(ks.DisaggregationMode.PREFILL, "prefill0", transfer_timeout=1e-9) as (kv, pm):
+            sender, receiver = self.handshake(self.dm, new_room(), pm=pm)
+            receiver.send_metadata([30, 31, 32], 2, [])
+            poll_until(sender, [KVPoll.WaitingForInput])
+            sender.init(3, 0)
+            sender.send([0, 1, 2])
+            e = failure_of(sender)
+            self.assertEqual(e.code, "timeout")
+            self.assertEqual(e.errno, errno.ETIMEDOUT)
+            self.assertIn("status timeout", e.failure_reason)
+            d = failure_of(receiver)
+            self.assertEqual(d.code, "timeout")
+            self.assertTrue(d.from_prefill)
+            sender.clear()
+            receiver.clear()
+
+    def test_decode_waiting_timeout(self) -> None:
+        """The prefill side never sends: the decode side gives up after waiting_timeout."""
+        with worker(ks.DisaggregationMode.DECODE, "decode0", waiting_timeout=1.0) as (kv, dm):
+            room = new_room()
+            receiver = ks.KVReceiver(dm, self.addr, room)
+            poll_until(receiver, [KVPoll.WaitingForInput])
+            receiver.send_metadata([1], 0, [])
+            t0 = time.monotonic()
+            e = failure_of(receiver)
+            self.assertGreaterEqual(time.monotonic() - t0, 0.9)
+            self.assertEqual(e.code, "waiting-timeout")
+            self.assertEqual(e.errno, errno.ETIMEDOUT)
+            receiver.clear()
+
+    def test_prefill_bootstrap_timeout(self) -> None:
+        with worker(ks.DisaggregationMode.PREFILL, "prefill0", bootstrap_timeout=0.5) as (kv, pm):
+            sender = ks.KVSender(pm, self.addr, new_room(), dest_tp_ranks=[0], pp_rank=0)
+            e = failure_of(sender)
+            self.assertEqual(e.code, "bootstrap-timeout")
+            sender.clear()
+
+    def test_unreachable_bootstrap_server(self) -> None:
+        """A request whose prefill server does not answer fails with
+        bootstrap-timeout and does not hold up the others of the manager."""
+        with worker(ks.DisaggregationMode.DECODE, "decode0", bootstrap_timeout=2.0) as (kv, dm):
+            dead = f"127.0.0.1:{tb.free_ports(1)[0]}"  # nothing listens there
+            self.assertFalse(dm.try_ensure_parallel_info(dead))
+            lost = ks.KVReceiver(dm, dead, new_room())
+            lost.init([1, 2], 0)  # older sglang: metadata queued for the dead server
+            self.assertEqual(lost.poll(), KVPoll.Transferring)
+            sender, receiver = self.handshake(dm, new_room())
+            receiver.send_metadata([3], 0, [])
+            poll_until(sender, [KVPoll.WaitingForInput])
+            sender.init(1, 0)
+            sender.send([3])
+            poll_until(receiver, [KVPoll.Success])
+            self.assertEqual(kv.page(0, 3), self.pkv.page(0, 3))
+            other = ks.KVReceiver(dm, dead, new_room())
+            e = failure_of(lost)
+            self.assertEqual(e.code, "bootstrap-timeout")
+            self.assertIn("metadata not delivered", e.failure_reason)
+            e = failure_of(other)
+            self.assertEqual(e.code, "bootstrap-timeout")
+            self.assertIn("unreachable", e.failure_reason)
+            lost.clear()
+            other.clear()
+            sender.clear()
+            receiver.clear()
+
+    def test_layout_and_page_count_mismatch(self) -> None:
+        with worker(ks.DisaggregationMode.DECODE, "decode0", item_k=8192) as (kv, dm):  # another model or TP size on the decode side
+            sender, receiver = self.handshake(dm, new_room())
+            receiver.send_metadata([1, 2], 0, [])
+            self.assertEqual(failure_of(sender).code, "layout")
+            e = failure_of(receiver)
+            self.assertEqual((e.code, e.errno, e.from_prefill), ("layout", errno.EINVAL, True))
+        sender, receiver = self.handshake(self.dm, new_room())
+        receiver.send_metadata([1, 2], 0, [])
+        poll_until(sender, [KVPoll.WaitingForInput])
+        sender.init(3, 0)  # prefill has 3 pages, decode allocated 2
+        e = failure_of(sender)
+        self.assertEqual(e.code, "layout")
+        self.assertIn("allocated 2", e.failure_reason)
+        self.assertEqual(failure_of(receiver).code, "layout")
+        sender.clear()
+        receiver.clear()
+
+    def test_abort(self) -> None:
+        sender, receiver = self.handshake(self.dm, new_room())
+        receiver.abort()
+        self.assertEqual(failure_of(receiver).code, "aborted")
+        sender.abort()
+        self.assertEqual(failure_of(sender).code, "aborted")
+        sender.clear()
+        receiver.clear()
+
+    # ---- set-up errors ----
+
+    def test_setup_refusals(self) -> None:
+        kv = PagedKV(1, 4)
+        try:
+            args = kv.args()
+            args.state_types = ["mamba"]
+            with self.assertRaises(NotImplementedError):
+                ks.KvproxyKVManager(args, "decode", server_args(DAEMONS["decode0"].sock))
+            plain = (ctypes.c_char * 4096)()
+            args = kv.args()
+            args.kv_data_ptrs = [ctypes.addressof(plain)] * 2
+            args.kv_data_lens = [4096, 4096]
+            args.kv_item_lens = [1024, 1024]
+            with self.assertRaises(kvproxy.InvalidArgument) as cm:
+                ks.KvproxyKVManager(args, "decode", server_args(DAEMONS["decode0"].sock))
+            self.assertIn("plain host memory", str(cm.exception))
+            with self.assertRaises(kvproxy.ConnectError):
+                ks.KvproxyKVManager(kv.args(), "decode", server_args(str(tb.TMP / "nosuch.sock")))
+            with self.assertRaises(ValueError):
+                ks.KvproxyKVManager(kv.args(), "null", server_args(DAEMONS["decode0"].sock))
+            sa = server_args(DAEMONS["decode0"].sock)
+            sa.disaggregation_transfer_backend_extra_config = "{}"
+            with self.assertRaises(ValueError) as cm2:
+                ks.KvproxyKVManager(kv.args(), "decode", sa, config=ks.KvproxyConfig.from_sources("{}", env={}))
+            self.assertIn("KVPROXY_SOCKET", str(cm2.exception))
+        finally:
+            kv.close()
+        # The daemon holds no region of the refused managers.
+        self.wait_decode0_regions()
+
+    def test_regions_and_provider(self) -> None:
+        # K buffers share one memfd, V buffers another; each aux buffer has a mirror.
+        self.assertEqual(self.dm._kv.region_count, 2)
+        self.assertEqual(self.dm._aux.region_count, 2)
+        provider = ks.KvproxyBackend()
+        self.assertIs(provider.get_kv_class(SglangKVClassType.SENDER), ks.KvproxyKVSender)
+        self.assertIs(provider.get_kv_class(SglangKVClassType.RECEIVER), ks.KvproxyKVReceiver)
+        self.assertIs(provider.get_kv_class(SglangKVClassType.BOOTSTRAP_SERVER), ks.KvproxyKVBootstrapServer)
+        self.assertIs(provider.get_kv_class(SglangKVClassType.KVARGS), ks.KVArgs)
+        self.assertIsNone(provider.get_kv_class("nosuch"))
+        self.assertEqual(int(KVPoll.Transferring), 3)
+        self.assertEqual([int(p) for p in KVPoll], [0, 1, 2, 3, 4])
+
+
+class HelpersTest(unittest.TestCase):
+    def test_runs_and_split(self) -> None:
+        self.assertEqual(ks._runs([4, 5, 6, 9, 10, 2]), [[4, 3], [9, 2], [2, 1]])
+        self.assertEqual(ks._pair_runs([1, 2, 3, 7], [10, 11, 5, 6]), [(1, 10, 2), (3, 5, 1), (7, 6, 1)])
+        segs = [(1, 0, 2, 100, 10), (1, 50, 2, 0, 25), (1, 90, 2, 40, 3)]
+        pieces = ks._split(segs, 2, 16)
+        self.assertTrue(all(len(p) <= 2 and sum(s[4] for s in p) <= 16 for p in pieces), pieces)
+        flat = [s for p in pieces for s in p]
+        self.assertEqual(sum(s[4] for s in flat), 38)
+        # Cut segments stay contiguous on both sides.
+        self.assertEqual([s for s in flat if s[1] >= 50 and s[1] < 90],
+                         [(1, 50, 2, 0, 6), (1, 56, 2, 6, 16), (1, 72, 2, 22, 3)])
+        self.assertEqual(ks._split([], 4, 16), [])
+
+
+class ConfigTest(unittest.TestCase):
+    def test_sources(self) -> None:
+        c = ks.KvproxyConfig.from_sources('{"kvproxy_socket": "/s{engine_rank}", "kvproxy_max_inflight": 4}',
+                                          env={"KVPROXY_SOCKET": "/env", "SGLANG_DISAGGREGATION_WAITING_TIMEOUT": "7"})
+        self.assertEqual((c.socket, c.max_inflight, c.waiting_timeout, c.transfer_timeout), ("/s{engine_rank}", 4, 7.0, None))
+        c = ks.KvproxyConfig.from_sources(None, env={"KVPROXY_SOCKET": "/env", "KVPROXY_TRANSFER_TIMEOUT": "2.5"})
+        self.assertEqual((c.socket, c.transfer_timeout, c.bootstrap_timeout), ("/env", 2.5, 300.0))
+        with self.assertRaises(ValueError):
+            ks.KvproxyConfig.from_sources('{"kvproxy_sokcet": "/typo"}', env={})
+        with self.assertRaises(ValueError):
+            ks.KvproxyConfig.from_sources('{"kvproxy_waiting_timeout": -1}', env={})
+        with self.assertRaises(ValueError):
+            ks.KvproxyConfig.from_sources("{not json", env={})
+
+
+class DaemonGoneTest(unittest.TestCase):
+    """Runs last: a decode worker's kvproxyd dies while the request waits for data."""
+
+    def test_daemon_gone_fails_requests(self) -> None:
+        doomed = tb.Daemon(tb.TMP, "doomed0", tb.free_ports(1)[0], "prefill0", DAEMONS["prefill0"].port)
+        tb.STARTED.append(doomed)
+        doomed.start()
+        doomed.wait_ready(need_peer=False)
+        DAEMONS["doomed0"] = doomed
+        with worker(ks.DisaggregationMode.DECODE, "doomed0", layers=2, pages=8) as (_kv, dm):
+            addr = f"127.0.0.1:{BOOT.port}"
+            receiver = ks.KVReceiver(dm, addr, new_room())
+            poll_until(receiver, [KVPoll.WaitingForInput])
+            receiver.send_metadata([1], 0, [])
+            self.assertEqual(receiver.poll(), KVPoll.Transferring)
+            doomed.kill()
+            log("killed kvproxyd doomed0 (SIGKILL)")
+            e = failure_of(receiver)
+            self.assertEqual(e.code, "daemon-gone")
+            self.assertEqual(e.errno, errno.EPIPE)
+            late = ks.KVReceiver(dm, addr, new_room())
+            self.assertEqual(failure_of(late).code, "daemon-gone")
+
+
+def main() -> int:
+    tb.require_daemon_and_library()
+    if not hasattr(random.Random, "randbytes"):
+        tb.skip_all("Python >= 3.9 needed (random.randbytes)")
+    loader = unittest.TestLoader()
+    suite = unittest.TestSuite()
+    for case in (HelpersTest, ConfigTest, SglangAdapterTest, DaemonGoneTest):  # DaemonGoneTest last
+        suite.addTests(loader.loadTestsFromTestCase(case))
+    result = unittest.TextTestRunner(verbosity=2, stream=sys.stderr).run(suite)
+    return 0 if result.wasSuccessful() else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
