@@ -92,6 +92,7 @@ static const struct conf_row rows[] = {
 	U32("rdma.signal_every", rdma_signal_every, 1, 16384, 16),
 	U32("rdma.timeout", rdma_timeout, 1, 31, 14),
 	U32("rdma.retry", rdma_retry, 0, 7, 7),
+	{ "rdma.dmabuf_host", CT_BOOL, F(rdma_dmabuf_host), 0, 0, 0, NULL, 0 },
 	{ "auth.secret", CT_STR, F(auth_secret), 0, 0, 0, "", SECRET },
 	{ "auth.secret_file", CT_SECRET_FILE, F(auth_secret), 0, 0, 0, "", SECRET },
 	{ "stats.enabled", CT_BOOL, F(stats_enabled), 0, 0, 1, NULL, RT },

@@ -157,6 +157,7 @@ struct kvp_config {
 	uint32_t rdma_signal_every; /**< request a completion at least every N WRs */
 	uint32_t rdma_timeout;	   /**< QP ack timeout exponent (4.096 us * 2^N) */
 	uint32_t rdma_retry;	   /**< QP retry count */
+	bool rdma_dmabuf_host;	   /**< register host regions through a udmabuf dma-buf (tests) */
 
 	bool stats_enabled;	    /**< phase histograms and slowest transfers [runtime] */
 	char stats_file[256];	    /**< Prometheus text file written periodically; "" = none */
@@ -249,6 +250,9 @@ struct kvp_region {
 	int device;   /**< CUDA device of a GPU region */
 	void *cookie; /**< GPU import, released through kvp_memops->release */
 	void *xp;     /**< transport registration (RDMA memory regions), NULL if none */
+	/* Only while kvp_region_hooks->on_add runs (host regions; -1 otherwise): */
+	int fd;		   /**< the client's file */
+	uint64_t fd_off;   /**< file offset of map */
 };
 
 /**

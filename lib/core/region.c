@@ -146,7 +146,10 @@ kvp_region_add(struct kvp_region_table *t, uint32_t owner, int fd, uint64_t off,
 	r->flags = flags;
 	r->device = -1;
 	r->cookie = NULL;
+	r->fd = fd;
+	r->fd_off = map_off;
 	publish(t, r, i, key);
+	r->fd = -1;
 	return 0;
 }
 
@@ -167,6 +170,7 @@ kvp_region_add_gpu(struct kvp_region_table *t, uint32_t owner, uint64_t dptr, ui
 	r->flags = KVP_REGION_F_GPU | KVP_REGION_F_STAGE;
 	r->device = device;
 	r->cookie = cookie;
+	r->fd = -1;
 	publish(t, r, i, key);
 	return 0;
 }

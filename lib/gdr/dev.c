@@ -227,7 +227,7 @@ kvp_gdr_open(const struct kvp_config *cfg, struct kvp_gdr_rail_use *use, char *w
 		rc = -ENODEV;
 	}
 	if (rc == 0)
-		rc = gdr_mr_init(cfg->max_regions);
+		rc = gdr_mr_init(cfg->max_regions, cfg->rdma_dmabuf_host);
 	if (rc < 0) {
 		if (rc == -ENOMEM)
 			snprintf(why, whylen, "out of memory");

@@ -8,9 +8,12 @@
  * data takes the TCP staging path, and the reason is logged and counted.
  */
 #include <errno.h>
+#include <fcntl.h>
+#include <linux/udmabuf.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <unistd.h>
 
 #include "rdma_priv.h"
@@ -61,6 +64,46 @@ reg_gpu(const struct kvp_region *r, unsigned d, bool *dmabuf, char *why, size_t 
 	return NULL;
 }
 
+/*
+ * Host memory through ibv_reg_dmabuf_mr (rdma.dmabuf_host, for tests): the
+ * call a GPU region makes, so that path and its refusal can be exercised
+ * without a GPU. The client's memfd is wrapped by udmabuf where the kernel
+ * has it; elsewhere the memfd goes as it is, which a driver that supports
+ * dma-bufs rejects as not being one. No fallback to ibv_reg_mr: a refusal
+ * must show.
+ */
+static struct ibv_mr *
+reg_host_dmabuf(const struct kvp_region *r, unsigned d, char *why, size_t whylen)
+{
+	struct udmabuf_create uc = {
+		.memfd = (uint32_t)r->fd,
+		.flags = UDMABUF_FLAGS_CLOEXEC,
+		.offset = r->fd_off,
+		.size = r->map_len,
+	};
+	int dev = open("/dev/udmabuf", O_RDWR | O_CLOEXEC);
+	int fd = dev >= 0 ? ioctl(dev, UDMABUF_CREATE, &uc) : fcntl(r->fd, F_DUPFD_CLOEXEC, 0);
+	int e = errno;
+
+	if (dev >= 0)
+		close(dev);
+	if (fd < 0) {
+		snprintf(why, whylen, "dma-buf registration: %s: %s",
+			 dev >= 0 ? "UDMABUF_CREATE" : "dup", strerror(e));
+		return NULL;
+	}
+	uint64_t off = (uint64_t)(r->base - (uint8_t *)r->map);
+	struct ibv_mr *mr = ibv_reg_dmabuf_mr(gdr.devs[d].pd, off, r->len,
+					      (uint64_t)(uintptr_t)r->base, fd, MR_ACCESS);
+	e = errno;
+	close(fd);
+	if (!mr)
+		snprintf(why, whylen, "%s: dma-buf registration (ibv_reg_dmabuf_mr%s): %s",
+			 gdr.devs[d].name, dev >= 0 ? "" : " of a memfd, no udmabuf here",
+			 strerror(e));
+	return mr;
+}
+
 static void
 mr_on_add(void *arg, struct kvp_region *r, uint32_t slot)
 {
@@ -77,6 +120,8 @@ mr_on_add(void *arg, struct kvp_region *r, uint32_t slot)
 	for (unsigned d = 0; d < gdr.ndevs; d++) {
 		if (gpu)
 			m->mr[d] = reg_gpu(r, d, &dmabuf, why, sizeof(why));
+		else if (gdr.dmabuf_host)
+			m->mr[d] = reg_host_dmabuf(r, d, why, sizeof(why));
 		else if (!(m->mr[d] = ibv_reg_mr(gdr.devs[d].pd, r->base, r->len, MR_ACCESS)))
 			snprintf(why, sizeof(why), "%s: ibv_reg_mr of %" PRIu64 " bytes: %s",
 				 gdr.devs[d].name, r->len, strerror(errno));
@@ -109,8 +154,9 @@ mr_on_remove(void *arg, struct kvp_region *r, uint32_t slot)
 }
 
 int
-gdr_mr_init(uint32_t max_regions)
+gdr_mr_init(uint32_t max_regions, bool dmabuf_host)
 {
+	gdr.dmabuf_host = dmabuf_host;
 	gdr.mrs = calloc(max_regions, sizeof(*gdr.mrs));
 	if (!gdr.mrs)
 		return -ENOMEM;

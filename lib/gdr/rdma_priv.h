@@ -54,13 +54,14 @@ struct gdr_node {
 	struct gdr_mrs *mrs; /* by region slot */
 	uint32_t nmrs;
 	struct kvp_mr_stats mr_stats;
+	bool dmabuf_host; /* rdma.dmabuf_host */
 	struct kvp_region_hooks hooks;
 };
 
 extern struct gdr_node gdr;
 
 /* mr.c */
-int gdr_mr_init(uint32_t max_regions);
+int gdr_mr_init(uint32_t max_regions, bool dmabuf_host);
 void gdr_mr_fini(void);
 
 /* ---- per-worker transport (rdma*.c) ---- */

@@ -113,7 +113,7 @@ from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Set, Tu
 
 from ._bootstrap import BootstrapClient, BootstrapError, BootstrapServer
 from ._client import Client, Completion
-from ._errors import _STATUS_ERRNO, Disconnected, KvproxyError, PeerNotFound, RingFull
+from ._errors import _STATUS_ERRNO, ConnectError, Disconnected, KvproxyError, PeerNotFound, RingFull
 from ._memory import RegionMap
 
 __all__ = [
@@ -148,6 +148,24 @@ _META_VERSION = 1
 _SQ_ENTRIES = 32768
 # Landing notices of many small transfers must not overflow the ring.
 _CQ_ENTRIES = 4096
+
+def _connect(sock: str) -> Client:
+    """Connect with rings sized for the adapter, or the daemon's own limits.
+
+    kvproxyd bounds client rings by its limits.sq_entries/cq_entries; below
+    what the adapter asks for, it takes the daemon's defaults (submissions
+    then wait on RingFull, which the manager handles).
+    """
+    try:
+        return Client(sock, sq_entries=_SQ_ENTRIES, cq_entries=_CQ_ENTRIES)
+    except ConnectError as e:
+        if e.errno != errno.EINVAL:
+            raise
+        log.warning("kvproxyd at %s refused %d/%d ring entries (limits.sq_entries/cq_entries); "
+                     "using its defaults", sock, _SQ_ENTRIES, _CQ_ENTRIES)
+        return Client(sock)
+
+
 # Bootstrap server I/O: connect/read timeout, and the backoff after a failure.
 _BOOTSTRAP_IO_TIMEOUT = 2.0
 _BACKOFF_MIN, _BACKOFF_MAX = 0.2, 5.0
@@ -602,7 +620,7 @@ class KvproxyKVManager:
         if self.mode == "prefill" and not self.bootstrap_addr:
             raise ValueError("prefill manager: server_args.disaggregation_bootstrap_port is not set")
 
-        self.client = Client(sock, sq_entries=_SQ_ENTRIES, cq_entries=_CQ_ENTRIES)
+        self.client = _connect(sock)
         try:
             self.node_id = self.client.node_id
             self.max_segments = self.client.max_segments
