@@ -92,10 +92,15 @@ kvp_cuda_imported_bytes(void)
 	X(cuMemcpyHtoD)                                                                    \
 	X(cuMemHostRegister)                                                               \
 	X(cuMemHostUnregister)
+/* Newer calls (GPUDirect RDMA): without them GPU regions are only staged. */
+#define CU_OPT_FNS(X)                                                                      \
+	X(cuMemGetHandleForAddressRange)                                                   \
+	X(cuFlushGPUDirectRDMAWrites)
 
 static struct {
 #define DECL(fn) __typeof__(&fn) fn;
 	CU_FNS(DECL)
+	CU_OPT_FNS(DECL)
 #undef DECL
 } cu;
 
@@ -240,12 +245,58 @@ gpu_register_pool(void *base, size_t len)
 static int gpu_import(uint32_t kind, int device, int fd, const uint8_t ipc[64], uint64_t offset,
 		      uint64_t len, uint64_t *dptr, void **cookie, char *why, size_t whylen);
 
+/*
+ * GPUDirect RDMA: the region as a dma-buf for ibv_reg_dmabuf_mr. The driver
+ * exports whole host pages, so the range is widened to them and the
+ * region's offset inside returned.
+ */
+static int
+gpu_dmabuf_fd(const struct kvp_region *r, int *fd, uint64_t *offset)
+{
+	uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
+	CUdeviceptr p = (CUdeviceptr)(uintptr_t)r->base;
+	CUdeviceptr lo = p & ~(CUdeviceptr)(page - 1);
+	uint64_t hi = (p + r->len + page - 1) & ~(page - 1);
+	int h = -1;
+
+	if (!cu.cuMemGetHandleForAddressRange)
+		return -EOPNOTSUPP;
+	if (!(r->flags & KVP_REGION_F_GPU) || use_device(r->device) < 0)
+		return -ENODEV;
+	CUresult rc = cu.cuMemGetHandleForAddressRange(&h, lo, hi - lo,
+						       CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0);
+	if (rc != CUDA_SUCCESS) {
+		KVP_LOG_RL(INFO, core, "GPU %d: no dma-buf for %" PRIu64 " bytes: %s", r->device,
+			   r->len, cu_err(rc));
+		return -EOPNOTSUPP;
+	}
+	*fd = h;
+	*offset = p - lo;
+	return 0;
+}
+
+/* Before data written by the NIC into GPU memory is reported landed. */
+static int
+gpu_flush_writes(int device)
+{
+	if (!cu.cuFlushGPUDirectRDMAWrites)
+		return 0; /* drivers before the call order GPUDirect writes themselves */
+	if (use_device(device) < 0)
+		return -ENODEV;
+	return cu.cuFlushGPUDirectRDMAWrites(CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TARGET_CURRENT_CTX,
+					     CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TO_OWNER) == CUDA_SUCCESS
+		       ? 0
+		       : -EIO;
+}
+
 static const struct kvp_memops cuda_memops = {
 	.to_host = gpu_to_host,
 	.from_host = gpu_from_host,
 	.register_pool = gpu_register_pool,
 	.import = gpu_import,
 	.release = kvp_cuda_release,
+	.dmabuf_fd = gpu_dmabuf_fd,
+	.flush_writes = gpu_flush_writes,
 };
 
 int
@@ -271,6 +322,9 @@ kvp_cuda_init(char *why, size_t whylen)
 	}
 		CU_FNS(LOAD)
 #undef LOAD
+#define LOAD_OPT(fn) cu.fn = (__typeof__(cu.fn))dlsym(lib, XSTR(fn));
+		CU_OPT_FNS(LOAD_OPT)
+#undef LOAD_OPT
 	}
 	r = cu.cuInit(0);
 	if (r != CUDA_SUCCESS) {
