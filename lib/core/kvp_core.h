@@ -72,6 +72,17 @@ int kvp_log_level_parse(const char *name);
 /** Name of an RTE_LOG_* level. */
 const char *kvp_log_level_name(int level);
 
+/** Smallest power of two >= @p v (1 for 0). */
+static inline uint32_t
+kvp_pow2_ceil(uint32_t v)
+{
+	uint32_t p = 1;
+
+	while (p < v)
+		p <<= 1;
+	return p;
+}
+
 /** CLOCK_MONOTONIC in nanoseconds (comparable with the client's submit_ns). */
 uint64_t kvp_mono_ns(void);
 
@@ -653,6 +664,14 @@ struct kvp_seg {
 	uint64_t len;
 };
 
+/** Segments @p a then @p b can move as one: same regions, both ranges contiguous. */
+static inline bool
+kvp_seg_contiguous(const struct kvp_seg *a, const struct kvp_seg *b)
+{
+	return a->src == b->src && a->src_off + a->len == b->src_off && a->dst_key == b->dst_key &&
+	       a->dst_off + a->len == b->dst_off;
+}
+
 /** Timestamps kept per transfer (kvp_mono_ns()); 0 = not reached. */
 enum kvp_ts {
 	KVP_TS_SUBMIT = 0, /**< client's submit_ns */
@@ -905,6 +924,20 @@ bool kvp_worker_prepare_sleep(struct kvp_worker *w);
 
 /** After sleeping. */
 void kvp_worker_finish_sleep(struct kvp_worker *w);
+
+/** The active transfer with wire tag @p tag, or NULL (ended, reused, or no such slot). */
+static inline struct kvp_xfer *
+kvp_worker_xfer_of(struct kvp_worker *w, uint64_t tag)
+{
+	uint32_t idx = (uint32_t)tag;
+
+	if (idx >= w->nxfers)
+		return NULL;
+	struct kvp_xfer *x = &w->xfers[idx];
+	if (x->state != KVP_XS_ACTIVE || kvp_xfer_tag(x) != tag)
+		return NULL;
+	return x;
+}
 
 /** Transport callback: a transfer has ended (acked or failed). */
 void kvp_worker_xfer_end(struct kvp_worker *w, struct kvp_xfer *x, int status);

@@ -75,16 +75,6 @@ rdma_destroy(void *tctx)
 	rte_free(c);
 }
 
-static uint32_t
-pow2_ceil(uint32_t v)
-{
-	uint32_t p = 1;
-
-	while (p < v)
-		p <<= 1;
-	return p;
-}
-
 /*
  * Queue depths within what the devices allow: a CQ must hold a completion
  * for every WR that can be outstanding on the QPs it serves, so deep queues
@@ -167,7 +157,7 @@ rdma_create(struct kvp_worker *w, void **tctx)
 	c->w = w;
 	c->npeers = cfg->npeers;
 	c->nslots = gdr.nrails * cfg->rdma_qps_per_rail;
-	c->gmask = pow2_ceil(cfg->max_inflight) - 1;
+	c->gmask = kvp_pow2_ceil(cfg->max_inflight) - 1;
 	c->sq_depth = cfg->rdma_sq_depth;
 	c->rq_depth = cfg->rdma_rq_depth;
 	c->signal_every = cfg->rdma_signal_every;

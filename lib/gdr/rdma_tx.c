@@ -18,19 +18,6 @@
 #include "kvp_tcp_stage.h"
 #include "rdma_priv.h"
 
-static struct kvp_xfer *
-xfer_of(struct rdma_ctx *c, uint64_t tag)
-{
-	uint32_t idx = (uint32_t)tag;
-
-	if (idx >= c->w->nxfers)
-		return NULL;
-	struct kvp_xfer *x = &c->w->xfers[idx];
-	if (x->state != KVP_XS_ACTIVE || kvp_xfer_tag(x) != tag)
-		return NULL;
-	return x;
-}
-
 static void
 send_abort(struct rdma_ctx *c, uint16_t peer, uint64_t tag)
 {
@@ -136,7 +123,7 @@ int
 tx_on_grant(struct rdma_ctx *c, uint16_t peer, const struct kvp_wire_hdr *h,
 	    const struct kvp_wire_grant *g)
 {
-	struct kvp_xfer *x = xfer_of(c, h->tag);
+	struct kvp_xfer *x = kvp_worker_xfer_of(c->w, h->tag);
 
 	if (!x || x->peer != peer || x->t_state != RS_GRANT) {
 		/* The transfer ended meanwhile: free what the receiver holds for it. */
@@ -189,7 +176,7 @@ tx_on_grant(struct rdma_ctx *c, uint16_t peer, const struct kvp_wire_hdr *h,
 int
 tx_on_ack(struct rdma_ctx *c, const struct kvp_wire_hdr *h)
 {
-	struct kvp_xfer *x = xfer_of(c, h->tag);
+	struct kvp_xfer *x = kvp_worker_xfer_of(c->w, h->tag);
 
 	if (!x || x->t_state != RS_WAIT_ACK)
 		return 0; /* ended meanwhile (cancelled, timed out) */
@@ -286,13 +273,6 @@ add_wr(struct rdma_ctx *c, uint16_t peer, uint32_t slot, struct kvp_xfer *x, uin
 	return wr;
 }
 
-static bool
-contiguous(const struct kvp_seg *a, const struct kvp_seg *b)
-{
-	return a->src == b->src && a->src_off + a->len == b->src_off && a->dst_key == b->dst_key &&
-	       a->dst_off + a->len == b->dst_off;
-}
-
 /*
  * Post the next WRITE of x. @return 1 posted, 0 no QP has room (stop for
  * this peer), -1 the transfer failed (destination out of its grant).
@@ -316,7 +296,7 @@ post_write(struct rdma_ctx *c, struct rpeer *rp, struct kvp_xfer *x)
 	if (t->off == s->len) {
 		t->seg++;
 		t->off = 0;
-		while (off == 0 && t->seg < x->nseg && contiguous(&x->segs[t->seg - 1], &x->segs[t->seg]) &&
+		while (off == 0 && t->seg < x->nseg && kvp_seg_contiguous(&x->segs[t->seg - 1], &x->segs[t->seg]) &&
 		       len + x->segs[t->seg].len <= c->chunk) {
 			len += x->segs[t->seg].len;
 			t->seg++;

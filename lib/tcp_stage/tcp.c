@@ -13,16 +13,6 @@
 #include "kvp_tcp_stage.h"
 #include "tcp_priv.h"
 
-static uint32_t
-pow2_ceil(uint32_t v)
-{
-	uint32_t p = 1;
-
-	while (p < v)
-		p <<= 1;
-	return p;
-}
-
 static void
 tcp_destroy(void *tctx)
 {
@@ -73,9 +63,9 @@ tcp_create(struct kvp_worker *w, void **tctx)
 		goto err;
 	KVP_STAT_SET(w->stats.stage_bufs, t->stage.nbufs);
 	/* With RDMA these connections also carry a grant or ACK per transfer. */
-	uint32_t txq = pow2_ceil(cfg->tcp_tx_frames +
+	uint32_t txq = kvp_pow2_ceil(cfg->tcp_tx_frames +
 				 (cfg->transport != KVP_TRANSPORT_TCP ? 2 * cfg->max_inflight : 0));
-	uint32_t rxt = pow2_ceil(cfg->max_inflight);
+	uint32_t rxt = kvp_pow2_ceil(cfg->max_inflight);
 	for (uint32_t i = 0; i < t->nconns; i++) {
 		struct tcp_conn *c = &t->conns[i];
 
@@ -97,7 +87,7 @@ tcp_create(struct kvp_worker *w, void **tctx)
 		}
 	}
 	/* Each connection has at most one send and one recv in flight. */
-	rc = io_uring_queue_init(pow2_ceil(2 * t->nconns + 8), &t->ring, 0);
+	rc = io_uring_queue_init(kvp_pow2_ceil(2 * t->nconns + 8), &t->ring, 0);
 	if (rc < 0) {
 		t->ring.ring_fd = -1;
 		goto err;
@@ -139,19 +129,6 @@ tcp_attach(void *tctx, uint16_t peer, int fd, bool outgoing, uint64_t epoch)
 	if (t->ext)
 		t->ext->on_conn(t->ext->arg, peer, outgoing, true);
 	return 0;
-}
-
-struct kvp_xfer *
-tcp_xfer_of(struct tcp_ctx *t, uint64_t tag)
-{
-	uint32_t idx = (uint32_t)tag;
-
-	if (idx >= t->w->nxfers)
-		return NULL;
-	struct kvp_xfer *x = &t->w->xfers[idx];
-	if (x->state != KVP_XS_ACTIVE || kvp_xfer_tag(x) != tag)
-		return NULL;
-	return x;
 }
 
 static int

@@ -180,7 +180,6 @@ void stage_put(struct stage_pool *p, struct kvp_worker_stats *st, int32_t b);
 
 /* tcp.c */
 void tcp_conn_fail(struct tcp_ctx *t, struct tcp_conn *c, const char *why);
-struct kvp_xfer *tcp_xfer_of(struct tcp_ctx *t, uint64_t tag);
 
 /* tcp_tx.c */
 bool tcp_queue_ctrl(struct tcp_conn *c, uint8_t type, uint64_t tag, uint64_t aux);

@@ -188,7 +188,7 @@ on_end(struct tcp_ctx *t, struct tcp_conn *c, const struct kvp_wire_hdr *h)
 static void
 on_ack(struct tcp_ctx *t, struct tcp_conn *c, const struct kvp_wire_hdr *h)
 {
-	struct kvp_xfer *x = tcp_xfer_of(t, h->tag);
+	struct kvp_xfer *x = kvp_worker_xfer_of(t->w, h->tag);
 
 	if (x && x->t_state >= KVP_TCP_XS_EXT) {
 		if (t->ext->on_frame(t->ext->arg, c->peer, c->outgoing, h, NULL) < 0)

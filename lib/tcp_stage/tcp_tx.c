@@ -57,14 +57,6 @@ tcp_queue_frame(struct tcp_conn *c, const struct kvp_wire_hdr *h, const void *pa
 	return true;
 }
 
-/* Segments i and i+1 can share one frame: same regions, both ranges contiguous. */
-static bool
-contiguous(const struct kvp_seg *a, const struct kvp_seg *b)
-{
-	return a->src == b->src && a->src_off + a->len == b->src_off && a->dst_key == b->dst_key &&
-	       a->dst_off + a->len == b->dst_off;
-}
-
 /*
  * Queue the next DATA frame of x: zero-copy from the source region, or,
  * for a region that must be staged, copied into a staging buffer first.
@@ -97,7 +89,7 @@ frame_data(struct tcp_ctx *t, struct tcp_conn *c, struct kvp_xfer *x)
 		x->t_off = 0;
 		/* Whole segments may absorb their contiguous successors. */
 		while (off == 0 && x->t_seg < x->nseg &&
-		       contiguous(&x->segs[x->t_seg - 1], &x->segs[x->t_seg]) &&
+		       kvp_seg_contiguous(&x->segs[x->t_seg - 1], &x->segs[x->t_seg]) &&
 		       len + x->segs[x->t_seg].len <= limit) {
 			len += x->segs[x->t_seg].len;
 			x->t_seg++;

@@ -290,17 +290,23 @@ wait_peer_up() {
 	fail "$id: peer $peer not up within ${3:-60}s (last state: $st)"
 }
 
+# up_pair NS_P NS_D: start prefill0 and decode0 (configs written; namespace
+# names, empty for this host's), wait for their admin sockets and both links.
+up_pair() {
+	start_daemon prefill0 "$1"
+	start_daemon decode0 "$2"
+	wait_admin prefill0
+	wait_admin decode0
+	wait_peer_up prefill0 decode0
+	wait_peer_up decode0 prefill0
+}
+
 # start_pair SUBNET: namespaces, configs, both daemons, peers up.
 start_pair() {
 	netns_pair "$1"
 	write_conf prefill0 "$ADDR_P:7400" decode0 "$ADDR_D:7400" "${2:-}"
 	write_conf decode0 "$ADDR_D:7400" prefill0 "$ADDR_P:7400" "${2:-}"
-	start_daemon prefill0 "$NS_P"
-	start_daemon decode0 "$NS_D"
-	wait_admin prefill0
-	wait_admin decode0
-	wait_peer_up prefill0 decode0
-	wait_peer_up decode0 prefill0
+	up_pair "$NS_P" "$NS_D"
 }
 
 # loopback_pair [EXTRA]: both daemons on this host (no namespaces: the GPU
@@ -318,12 +324,7 @@ print(*[s.getsockname()[1] for s in ss])')
 	log "loopback ports prefill0 $pp, decode0 $pd"
 	write_conf prefill0 "127.0.0.1:$pp" decode0 "127.0.0.1:$pd" "${1:-}"
 	write_conf decode0 "127.0.0.1:$pd" prefill0 "127.0.0.1:$pp" "${1:-}"
-	start_daemon prefill0 ""
-	start_daemon decode0 ""
-	wait_admin prefill0
-	wait_admin decode0
-	wait_peer_up prefill0 decode0
-	wait_peer_up decode0 prefill0
+	up_pair "" ""
 }
 
 # stop_daemon_checked NODE_ID: TERM, and assert a clean exit (status 0, no

@@ -24,12 +24,7 @@ KVP_TRANSPORT=rdma write_conf prefill0 "$KVP_RDMA_IP0:7400" decode0 "$KVP_RDMA_I
 	"rdma = { devices = \"$KVP_RDMA_DEV0\"; };"
 KVP_TRANSPORT=rdma write_conf decode0 "$KVP_RDMA_IP1:7400" prefill0 "$KVP_RDMA_IP0:7400" \
 	"rdma = { devices = \"$KVP_RDMA_DEV1\"; dmabuf_host = true; };"
-start_daemon prefill0 ""
-start_daemon decode0 ""
-wait_admin prefill0
-wait_admin decode0
-wait_peer_up prefill0 decode0
-wait_peer_up decode0 prefill0
+up_pair "" ""
 wait_json prefill0 stats "sum(r['qps_up'] for r in d['rdma']['rails']) == 1" 60 "prefill0: send QP up"
 
 # move TAG: one verified transfer run; XF = its transfer count.

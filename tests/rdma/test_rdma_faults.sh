@@ -46,12 +46,7 @@ write_conf prefill0 "$KVP_RDMA_IP0:7400" decode0 "$KVP_RDMA_IP1:7400" \
 write_conf decode0 "$KVP_RDMA_IP1:7400" prefill0 "$KVP_RDMA_IP0:7400" \
 	"rdma = { devices = \"$DEV_D\"; chunk = 262144; window = $WINDOW; };"
 
-start_daemon prefill0 ""
-start_daemon decode0 ""
-wait_admin prefill0
-wait_admin decode0
-wait_peer_up prefill0 decode0
-wait_peer_up decode0 prefill0
+up_pair "" ""
 qps_up() {
 	wait_json prefill0 stats "sum(r['qps_up'] for r in d['rdma']['rails']) == $RAILS" 60 \
 		"prefill0: $RAILS send QP(s) up"

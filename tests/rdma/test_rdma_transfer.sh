@@ -43,12 +43,7 @@ write_conf prefill0 "$KVP_RDMA_IP0:7400" decode0 "$KVP_RDMA_IP1:7400" \
 	"rdma = { devices = \"$DEV_P\"; chunk = $CHUNK; };"
 write_conf decode0 "$KVP_RDMA_IP1:7400" prefill0 "$KVP_RDMA_IP0:7400" \
 	"rdma = { devices = \"$DEV_D\"; chunk = $CHUNK; };"
-start_daemon prefill0 ""
-start_daemon decode0 ""
-wait_admin prefill0
-wait_admin decode0
-wait_peer_up prefill0 decode0
-wait_peer_up decode0 prefill0
+up_pair "" ""
 wait_json prefill0 stats "sum(r['qps_up'] for r in d['rdma']['rails']) == $RAILS" 60 \
 	"prefill0: $RAILS send QP(s) up"
 
