@@ -19,7 +19,6 @@ SIZE=$((64 << 20))
 REPS=2
 JSON_OUT=""
 INSIDE=0
-ARGS=("$@")
 while [[ $# -gt 0 ]]; do
 	case $1 in
 	--size) SIZE=$2; shift 2 ;;
@@ -34,9 +33,13 @@ done
 if [[ $INSIDE -eq 0 ]]; then
 	command -v ib_write_bw >/dev/null || apt-get install -y -qq perftest >/dev/null ||
 		{ echo "perftest (ib_write_bw) is needed: apt-get install perftest" >&2; exit 1; }
+	# The VM shares the build directory (the current one) read-write, not /tmp.
 	cd "$BUILD"
-	exec bash "$ROOT/tools/rdma-vm.sh" --timeout 3000 -- bash "$ROOT/tools/bench/rdma_vs_perftest.sh" \
-		"${ARGS[@]}" --inside
+	rc=0
+	bash "$ROOT/tools/rdma-vm.sh" --timeout 3000 -- bash "$ROOT/tools/bench/rdma_vs_perftest.sh" \
+		"$BUILD" --size "$SIZE" --reps "$REPS" --json "$BUILD/rdma_vs_perftest.json" --inside || rc=$?
+	[[ $rc -ne 0 || -z $JSON_OUT ]] || cp "$BUILD/rdma_vs_perftest.json" "$JSON_OUT"
+	exit "$rc"
 fi
 
 export KVPROXYD=$BUILD/app/kvproxyd KVPROXYCTL=$BUILD/tools/kvproxyctl/kvproxyctl
@@ -132,7 +135,7 @@ json="{\"size\": $SIZE, \"runs\": ["
 sep=""
 for row in "${out[@]}"; do
 	read -r m pt k <<<"$row"
-	ratio=$(awk -v a="$k" -v b="$pt" 'BEGIN { printf "%.2f", b > 0 ? a / b : 0 }')
+	ratio=$(awk -v a="$k" -v b="$pt" 'BEGIN { printf "%.2f", (b > 0 ? a / b : 0) }')
 	printf '%-14s %14s %14s %10s\n' "$m" "$pt" "$k" "$ratio"
 	json+="$sep{\"message\": \"$m\", \"perftest_gbps\": $pt, \"kvproxy_gbps\": $k, \"ratio\": $ratio}"
 	sep=", "
