@@ -89,3 +89,37 @@ cmd_rail_resume(struct opts *o, int argc, char **argv)
 {
 	return rail_set(o, argc, argv, "rail_resume");
 }
+
+void
+watch_rails(json_t *stats, double dt)
+{
+	static double prev_tx[32];
+	json_t *rails = json_object_get(json_object_get(stats, "rdma"), "rails"), *r;
+	size_t i;
+
+	if (!json_is_array(rails) || json_array_size(rails) == 0)
+		return;
+	printf("%-5s %-12s %-6s %4s %10s %10s %9s %7s\n", "RAIL", "DEVICE", "STATE", "QPS",
+	       "TX Gbit/s", "TX GiB", "QP RESETS", "WC ERR");
+	json_array_foreach(rails, i, r)
+	{
+		json_int_t rail = json_integer_value(json_object_get(r, "rail"));
+		double tx = (double)json_integer_value(json_object_get(r, "tx_bytes"));
+		char dev[32];
+
+		snprintf(dev, sizeof(dev), "%s/%d", json_string_value(json_object_get(r, "dev")),
+			 (int)json_integer_value(json_object_get(r, "port")));
+		printf("%-5d %-12s %-6s %4d ", (int)rail, dev,
+		       json_is_true(json_object_get(r, "paused")) ? "paused" : "active",
+		       (int)json_integer_value(json_object_get(r, "qps_up")));
+		if (dt > 0 && rail >= 0 && rail < 32)
+			printf("%10.3f", (tx - prev_tx[rail]) * 8 / dt / 1e9);
+		else
+			printf("%10s", "-");
+		printf(" %10.2f %9d %7d\n", tx / (1 << 30),
+		       (int)json_integer_value(json_object_get(r, "qp_resets")),
+		       (int)json_integer_value(json_object_get(r, "wc_errors")));
+		if (rail >= 0 && rail < 32)
+			prev_tx[rail] = tx;
+	}
+}

@@ -46,6 +46,8 @@ void print_json(json_t *v);
 bool parse_id(const char *s, json_int_t max, json_int_t *out);
 
 /* cmd_rails.c */
+/** watch: one line per RDMA rail (nothing without RDMA); @p dt seconds since the last call. */
+void watch_rails(json_t *stats, double dt);
 bool rails_usage(FILE *f, const char *cmd);
 int cmd_rails(struct opts *o, int argc, char **argv);
 int cmd_rail_pause(struct opts *o, int argc, char **argv);

@@ -67,7 +67,7 @@ usage_main(FILE *f)
 		"  config_set KEY VALUE         change a runtime knob\n"
 		"  log_level [LEVEL]            show or set the log level\n"
 		"  doctor                       transport, NIC/CPU placement and GPU checks, with reasons\n"
-		"  watch [--count N]            live view (throughput per peer, pool, in flight), 1/s\n"
+		"  watch [--count N]            live view (throughput per peer and RDMA rail, pool, in flight), 1/s\n"
 		"  rails                        RDMA rails: placement, traffic, queue pairs, errors\n"
 		"  rail_pause RAIL | rail_resume RAIL  move traffic off an RDMA rail, and back\n"
 		"  call METHOD [JSON-PARAMS]    raw JSON-RPC call; prints the result as JSON\n"
@@ -1429,6 +1429,7 @@ cmd_watch(struct opts *o, int argc, char **argv)
 				printf("%10s %10s %8s %8s", "-", "-", "-", "-");
 			printf(" %11s %11s\n", b1, b2);
 		}
+		watch_rails(stat, dt);
 		memcpy(prev, cur, sizeof(cur[0]) * ncur);
 		nprev = ncur;
 		prev_up = up;
