@@ -143,6 +143,7 @@ main(int argc, char **argv)
 	char err[512];
 	int ret, opt;
 
+	argv = kvp_cores_eal_args(&argc, argv);
 	char **orig_argv = argv;
 
 	argv = eal_args(&argc, argv);
@@ -217,6 +218,7 @@ main(int argc, char **argv)
 		return 1;
 	}
 	snprintf(node.transport_why, sizeof(node.transport_why), "%.255s", transport_why);
+	node.cores_why = kvp_cores_why;
 	node.rdma_ports = rdma_ports;
 	snprintf(node.rdma_why, sizeof(node.rdma_why), "%s", rdma_why);
 	for (int i = 0; i < rdma_ports && i < KVP_RAILS_MAX; i++) {

@@ -6,6 +6,7 @@
  * change while running (admin config_set, main lcore); workers read those
  * fields with relaxed loads.
  */
+#include <ctype.h>
 #include <errno.h>
 #include <grp.h>
 #include <stdarg.h>
@@ -26,6 +27,7 @@ enum ctype {
 	CT_LOGLEVEL,  /* rte_log level name */
 	CT_SECRET_FILE, /* path whose first line becomes auth_secret */
 	CT_GROUP,	/* group name or number into struct kvp_group */
+	CT_CORES,	/* "" | "auto" | "MAIN,WORKER" CPU numbers */
 };
 
 /* Row flags. */
@@ -57,6 +59,7 @@ static const struct conf_row rows[] = {
 	{ "admin_group", CT_GROUP, F(admin_group), 0, 0, 0, "", 0 },
 	{ "listen", CT_HOSTPORT, F(listen_host), 0, 0, 0, "0.0.0.0:7400", 0 },
 	{ "transport", CT_TRANSPORT, F(transport), 0, 0, 0, "tcp", 0 },
+	{ "cores", CT_CORES, F(cores), 0, 0, 0, "", 0 },
 	{ "log_level", CT_LOGLEVEL, F(log_level), 0, 0, 0, "info", RT },
 	U32("limits.max_clients", max_clients, 1, 1024, 16),
 	U32("limits.max_regions", max_regions, 1, 65535, 1024),
@@ -265,6 +268,20 @@ set_str(struct kvp_config *cfg, const struct conf_row *r, const char *v, const c
 		return 0;
 	case CT_GROUP:
 		return lookup_group(v, (struct kvp_group *)dst, why);
+	case CT_CORES: {
+		unsigned a, b;
+		int n = -1;
+
+		if (v[0] != '\0' && strcmp(v, "auto") != 0 &&
+		    (strspn(v, "0123456789,") != strlen(v) || !isdigit((unsigned char)v[0]) ||
+		     sscanf(v, "%u,%u%n", &a, &b, &n) != 2 || (size_t)n != strlen(v) || a >= 1024 ||
+		     b >= 1024 || strlen(v) >= r->size)) {
+			*why = "expected \"auto\" or \"MAIN_CPU,WORKER_CPU\"";
+			return -EINVAL;
+		}
+		strcpy(dst, v);
+		return 0;
+	}
 	case CT_SECRET_FILE: {
 		FILE *f;
 
@@ -556,6 +573,7 @@ static const struct {
 	{ "admin_group", "the admin socket is created with its group at start" },
 	{ "listen", "the peer listener is bound at start" },
 	{ "transport", "the transport is chosen and built at start" },
+	{ "cores", "lcores are placed when the EAL starts" },
 	{ "limits.", "tables and rings are sized from it at start (memory never grows)" },
 	{ "timeouts.", "peer links and transports take it at start" },
 	{ "tcp.", "connection buffers are allocated from it at start" },

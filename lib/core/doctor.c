@@ -157,6 +157,8 @@ doctor_json(struct kvp_node *n)
 	int rc;
 
 	check(checks, true, "transport", "%s: %s", n->tops->name, n->transport_why);
+	if (n->cores_why)
+		check(checks, true, "cores", "%s", n->cores_why);
 	if (n->rdma_ports < 0)
 		check(checks, true, "rdma", "no RDMA: %s", n->rdma_why);
 	for (unsigned i = 0; i < n->nrails && i < KVP_RAILS_MAX; i++) {
@@ -207,7 +209,8 @@ doctor_json(struct kvp_node *n)
 							 (int)rte_lcore_to_socket_id(lc)));
 	}
 	json_t *gpus = gpus_json(n, checks);
-	return json_pack("{s:s, s:s, s:s, s:i, s:s, s:o, s:o, s:o, s:o, s:o}", "transport",
+	return json_pack("{s:s, s:s, s:s, s:s, s:i, s:s, s:o, s:o, s:o, s:o, s:o}", "cores",
+			 n->cores_why ? n->cores_why : "", "transport",
 			 n->tops->name, "transport_why", n->transport_why, "configured",
 			 n->cfg.transport == KVP_TRANSPORT_RDMA ? "rdma"
 			 : n->cfg.transport == KVP_TRANSPORT_AUTO ? "auto"

@@ -125,6 +125,7 @@ struct kvp_config {
 	char listen_host[64];
 	uint16_t listen_port;
 	int transport; /**< enum kvp_transport_kind */
+	char cores[16]; /**< "" (EAL arguments decide), "auto" (device-local), "MAIN,WORKER" */
 	int log_level; /**< RTE_LOG_* */
 
 	uint32_t max_clients;
@@ -1111,6 +1112,7 @@ struct kvp_node {
 	uint64_t stats_write_errors;
 	char *stats_buf;	 /**< KVP_STATS_TEXT_MAX bytes, allocated at start */
 	char transport_why[256]; /**< why this transport was chosen (for doctor) */
+	const char *cores_why;	 /**< where the lcores run and why (for doctor), or NULL */
 	int rdma_ports;		 /**< RDMA probe result: ports found, or -errno */
 	char rdma_why[160];	 /**< the probe's reason when it found nothing */
 	unsigned nrails;
