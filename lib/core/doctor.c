@@ -132,17 +132,36 @@ gpus_json(const struct kvp_node *n, json_t *checks)
 				json_array_append_new(pix, json_string(n->rails[r].dev));
 		snprintf(what, sizeof(what), "gpu %d", i);
 		placement(n, checks, what, &d);
-		check(checks, true, what,
-		      "%s at %s (CUDA driver %d): GPU data of every peer is staged through the pinned pool over "
-		      "tcp (%s); GPUDirect needs the RDMA transport (dma-buf %s, GPUDirect RDMA %s)",
-		      g->name, bus, n->cuda_driver, n->tops->name, g->dmabuf ? "supported" : "unsupported",
-		      g->gpudirect_rdma ? "supported" : "unsupported");
+		/* RDMA registers GPU regions through a dma-buf (or peer memory) when the
+		 * driver offers it; where registration fails, that region is staged. */
+		bool direct = n->rail_pause && (g->dmabuf || g->gpudirect_rdma);
+		unsigned used = 0;
+		for (unsigned r = 0; r < n->nrails && r < KVP_RAILS_MAX; r++)
+			used += n->rails[r].rail >= 0;
+		const char *path = direct ? "gpudirect" : "staging";
+		if (direct)
+			check(checks, true, what,
+			      "%s at %s (CUDA driver %d): GPU data goes by GPUDirect RDMA over %u rail(s) "
+			      "%s(dma-buf %s, GPUDirect RDMA %s); a region that cannot be registered "
+			      "is staged over TCP",
+			      g->name, bus, n->cuda_driver, used,
+			      json_array_size(pix) ? "" : "none of them PIX-local ",
+			      g->dmabuf ? "supported" : "unsupported",
+			      g->gpudirect_rdma ? "supported" : "unsupported");
+		else
+			check(checks, true, what,
+			      "%s at %s (CUDA driver %d): GPU data of every peer is staged through the "
+			      "pinned pool over tcp (%s); GPUDirect needs the RDMA transport and driver "
+			      "support (dma-buf %s, GPUDirect RDMA %s)",
+			      g->name, bus, n->cuda_driver, n->tops->name,
+			      g->dmabuf ? "supported" : "unsupported",
+			      g->gpudirect_rdma ? "supported" : "unsupported");
 		json_array_append_new(
 			arr, json_pack("{s:i, s:s, s:s, s:i, s:b, s:b, s:I, s:s, s:o, s:s}", "ordinal",
 				       i, "name", g->name, "pci", bus, "numa_node", d.numa_node,
 				       "dmabuf", g->dmabuf, "gpudirect_rdma", g->gpudirect_rdma,
 				       "memory_bytes", (json_int_t)g->total_mem, "local_cpus",
-				       d.cpulist, "pix_rails", pix, "path", "staging"));
+				       d.cpulist, "pix_rails", pix, "path", path));
 	}
 	return arr;
 }
