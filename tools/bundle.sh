@@ -13,6 +13,7 @@ DEST=$1
 B=$(cd "${2:-$(dirname "$0")/../build}" && pwd)
 BINS=(app/kvproxyd tools/kvproxyctl/kvproxyctl tools/bench/kvproxy-bench lib/client/libkvproxy.so)
 [[ -x $B/tests/gpu/gpu_client ]] && BINS+=(tests/gpu/gpu_client)
+[[ -x $B/tools/bench/kvp-stage-copy-bench ]] && BINS+=(tools/bench/kvp-stage-copy-bench)
 mkdir -p "$DEST/libs"
 for f in "${BINS[@]}"; do
 	mkdir -p "$DEST/build/$(dirname "$f")"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: BSD-3-Clause
 # Benchmark, not a test (needs a CUDA GPU): in one run, raw pinned
-# cuMemcpyDtoHAsync rates (the reference), then two kvproxyd on loopback
+# cuMemcpyDtoHAsync rates (the reference), kvproxy's staging copies alone
+# (kvp-stage-copy-bench: the wire taken out), then two kvproxyd on loopback
 # moving 1 GiB of KV from GPU memory to GPU memory through the staging
 # pool, beside the same transfer from host memory (zero-copy), for 4 MiB
 # blocks and 64 KiB pages, with two staging buffer sizes.
@@ -22,6 +23,9 @@ require_bins
 init_test
 
 "$GPU_CLIENT" copybench
+# The same copies as kvproxy's staging path makes them, without the wire.
+"$B/tools/bench/kvp-stage-copy-bench" -b 1048576
+"$B/tools/bench/kvp-stage-copy-bench" -b 4194304
 G=1073741824
 for stage in 'stage = { pool = 67108864; buffer = 1048576; };' \
 	'stage = { pool = 134217728; buffer = 4194304; };'; do
