@@ -312,6 +312,14 @@ extern const struct kvp_region_hooks *kvp_region_hooks;
 struct kvp_memops {
 	/** Copy [off, off+len) of @p r into @p dst. @return 0 or negative errno */
 	int (*to_host)(void *dst, const struct kvp_region *r, uint64_t off, size_t len);
+	/**
+	 * Start the same copy without waiting (optional): @p dst is valid only
+	 * after sync(). Lets many small copies share one wait.
+	 * @return 0 or negative errno
+	 */
+	int (*to_host_async)(void *dst, const struct kvp_region *r, uint64_t off, size_t len);
+	/** Wait for every copy this thread started with to_host_async. @return 0 or negative errno */
+	int (*sync)(void);
 	/** Copy @p len bytes of @p src to [off, off+len) of @p r. @return 0 or negative errno */
 	int (*from_host)(const struct kvp_region *r, uint64_t off, const void *src, size_t len);
 	/** Called once for the whole staging pool at start (e.g. to pin it for DMA). */

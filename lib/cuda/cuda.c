@@ -90,6 +90,9 @@ kvp_cuda_imported_bytes(void)
 	X(cuMemRelease)                                                                    \
 	X(cuMemcpyDtoH)                                                                    \
 	X(cuMemcpyHtoD)                                                                    \
+	X(cuMemcpyDtoHAsync)                                                               \
+	X(cuStreamCreate)                                                                  \
+	X(cuStreamSynchronize)                                                             \
 	X(cuMemHostRegister)                                                               \
 	X(cuMemHostUnregister)
 /* Newer calls (GPUDirect RDMA): without them GPU regions are only staged. */
@@ -120,6 +123,9 @@ static struct {
 static unsigned npools;
 static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER;
 static __thread CUcontext cur_ctx;
+/* Per thread and GPU: the stream asynchronous staging copies go on, and whether it has work. */
+static __thread CUstream streams[MAX_DEVS];
+static __thread uint64_t pending[MAX_DEVS / 64 + 1];
 
 struct import {
 	uint32_t kind;
@@ -201,6 +207,44 @@ gpu_to_host(void *dst, const struct kvp_region *r, uint64_t off, size_t len)
 	return cu.cuMemcpyDtoH(dst, (CUdeviceptr)(uintptr_t)r->base + off, len) == CUDA_SUCCESS
 		       ? 0
 		       : -EIO;
+}
+
+/* Device-to-host on this thread's stream for the region's GPU; waited for by gpu_sync(). */
+static int
+gpu_to_host_async(void *dst, const struct kvp_region *r, uint64_t off, size_t len)
+{
+	int dev = r->device;
+
+	if (!(r->flags & KVP_REGION_F_GPU)) {
+		memcpy(dst, r->base + off, len);
+		return 0;
+	}
+	if (use_device(dev) < 0)
+		return -ENODEV;
+	if (!streams[dev] && cu.cuStreamCreate(&streams[dev], CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS)
+		return -ENOMEM;
+	if (cu.cuMemcpyDtoHAsync(dst, (CUdeviceptr)(uintptr_t)r->base + off, len, streams[dev]) !=
+	    CUDA_SUCCESS)
+		return -EIO;
+	pending[dev / 64] |= 1ull << (dev % 64);
+	return 0;
+}
+
+static int
+gpu_sync(void)
+{
+	int rc = 0;
+
+	for (int w = 0; w < MAX_DEVS / 64 + 1; w++) {
+		while (pending[w]) {
+			int dev = w * 64 + __builtin_ctzll(pending[w]);
+
+			pending[w] &= pending[w] - 1;
+			if (use_device(dev) < 0 || cu.cuStreamSynchronize(streams[dev]) != CUDA_SUCCESS)
+				rc = -EIO;
+		}
+	}
+	return rc;
 }
 
 static int
@@ -291,6 +335,8 @@ gpu_flush_writes(int device)
 
 static const struct kvp_memops cuda_memops = {
 	.to_host = gpu_to_host,
+	.to_host_async = gpu_to_host_async,
+	.sync = gpu_sync,
 	.from_host = gpu_from_host,
 	.register_pool = gpu_register_pool,
 	.import = gpu_import,

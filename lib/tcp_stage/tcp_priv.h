@@ -134,6 +134,8 @@ struct tcp_ctx {
 	uint64_t next_tick_ns;
 	struct stage_pool stage;
 	bool stage_blocked; /* framing waited for a buffer since the last tick */
+	bool copies;	    /* staging copies started in this fill pass (to_host_async) */
+	bool copy_failed;   /* a staging copy of this fill pass failed */
 	uint64_t peer_ns; /* silence (or a stuck send) longer than this kills a connection */
 	const struct kvp_tcp_ext *ext; /* RDMA control on these connections, or NULL */
 };

@@ -102,9 +102,12 @@ frame_data(struct tcp_ctx *t, struct tcp_conn *c, struct kvp_xfer *x)
 		/* Contiguous in the source, so one copy covers coalesced segments. */
 		f->stage = b;
 		f->payload = stage_buf(&t->stage, b);
-		if (kvp_memops->to_host(f->payload, s->src, s->src_off + off, len) < 0 &&
-		    x->status == KVP_OK)
-			x->status = KVP_EINVAL; /* the ABORT path ends it below */
+		/* Started now, waited for once per pass (tcp_fill_tx), before anything is sent. */
+		int rc = kvp_memops->to_host_async
+				 ? kvp_memops->to_host_async(f->payload, s->src, s->src_off + off, len)
+				 : kvp_memops->to_host(f->payload, s->src, s->src_off + off, len);
+		t->copies |= kvp_memops->to_host_async != NULL;
+		t->copy_failed |= rc < 0;
 	} else {
 		f->payload = s->src->base + s->src_off + off;
 	}
@@ -120,9 +123,37 @@ pend_pop(struct tcp_conn *c)
 		c->pend_tail = NULL;
 }
 
+/*
+ * The staging copies of this pass are done (or one failed): a transfer
+ * whose data may be wrong is cancelled, which turns its queued frames —
+ * none sent yet — into ABORTs.
+ */
+static void
+copies_done(struct tcp_ctx *t, struct tcp_conn *c, uint32_t pass_start)
+{
+	if (t->copies && kvp_memops->sync() < 0)
+		t->copy_failed = true;
+	t->copies = false;
+	if (!t->copy_failed)
+		return;
+	t->copy_failed = false;
+	KVP_LOG_RL(ERR, tcp, "peer %u: staging copy from GPU memory failed: its transfers fail",
+		   c->peer);
+	for (uint32_t i = pass_start; i != c->tx_tail; i++) {
+		struct tx_frame *f = frame_at(c, i);
+
+		if (f->stage < 0 || f->xfer == NO_XFER)
+			continue;
+		struct kvp_xfer *x = &t->w->xfers[f->xfer];
+		if (x->state == KVP_XS_ACTIVE && kvp_xfer_tag(x) == f->hdr.tag && x->status == KVP_OK)
+			tcp_tx_cancel(t, c, x, KVP_EINVAL);
+	}
+}
+
 int
 tcp_fill_tx(struct tcp_ctx *t, struct tcp_conn *c)
 {
+	uint32_t pass_start = c->tx_tail;
 	int work = 0;
 
 	/* One slot stays free so a transfer's END or ABORT always fits. */
@@ -155,6 +186,8 @@ tcp_fill_tx(struct tcp_ctx *t, struct tcp_conn *c)
 			pend_pop(c);
 		}
 	}
+	if (t->copies || t->copy_failed)
+		copies_done(t, c, pass_start);
 	return work;
 }
 
