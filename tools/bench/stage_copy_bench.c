@@ -19,6 +19,8 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <time.h>
+#include <unistd.h>
+#include <errno.h>
 
 #include "kvp_core.h"
 #include "kvp_cuda.h"
@@ -111,6 +113,16 @@ main(int argc, char **argv)
 	struct kvp_region r = { .base = (uint8_t *)(uintptr_t)dptr, .len = size,
 				.flags = KVP_REGION_F_GPU | KVP_REGION_F_STAGE, .device = 0 };
 	const uint64_t page = 65536;
+	/* GPUDirect's half that needs no NIC: the region as a dma-buf, and the write flush. */
+	int fd = -1;
+	uint64_t fd_off = 0;
+	int rc = kvp_memops->dmabuf_fd ? kvp_memops->dmabuf_fd(&r, &fd, &fd_off) : -EOPNOTSUPP;
+	printf("dma-buf export of the region (for ibv_reg_dmabuf_mr): %s (offset %" PRIu64 "); "
+	       "GPUDirect write flush: %s\n",
+	       rc == 0 ? "ok" : strerror(-rc), fd_off,
+	       kvp_memops->flush_writes && kvp_memops->flush_writes(0) == 0 ? "ok" : "failed");
+	if (fd >= 0)
+		close(fd);
 	/* warm-up: context, first touches */
 	run(&r, pool, pool_len, buf, 64u << 20, buf, buf, false, 0);
 	printf("staging copies alone, stage.buffer %" PRIu64 " bytes, %" PRIu64 " bytes each:\n", buf,
