@@ -255,6 +255,8 @@ main(int argc, char **argv)
 		snprintf(gi->name, sizeof(gi->name), "%s", g.name);
 		snprintf(gi->pci, sizeof(gi->pci), "%s", g.pci);
 		gi->dmabuf = g.dmabuf;
+		if (nrails_used > 0)
+			kvp_gdr_bind_gpu(i, g.pci);
 		gi->gpudirect_rdma = g.gpudirect_rdma;
 		gi->total_mem = g.total_mem;
 	}

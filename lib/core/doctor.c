@@ -78,28 +78,6 @@ netdev_json(const char *role, const char *addr, const char *ifname, int rc,
 			 "numa_node", d->numa_node, "local_cpus", d->cpulist);
 }
 
-/* Two PCI devices share a PCIe switch when their sysfs paths share the parent bridge. */
-static bool
-same_switch(const char *pci_a, const char *pci_b)
-{
-	char a[512], b[512], pa[256], pb[256];
-
-	snprintf(pa, sizeof(pa), "/sys/bus/pci/devices/%s", pci_a);
-	snprintf(pb, sizeof(pb), "/sys/bus/pci/devices/%s", pci_b);
-	if (!realpath(pa, a) || !realpath(pb, b))
-		return false;
-	/* Drop the device and its own port: what remains is the switch above both. */
-	for (int k = 0; k < 2; k++) {
-		char *sa = strrchr(a, '/'), *sb = strrchr(b, '/');
-
-		if (!sa || !sb)
-			return false;
-		*sa = '\0';
-		*sb = '\0';
-	}
-	return strcmp(a, b) == 0 && strcmp(a, "/sys/devices") != 0;
-}
-
 /*
  * GPUs: driver, dma-buf and GPUDirect support, PCIe location, local CPUs,
  * rails behind the same switch, and the path each peer's GPU data takes.
@@ -128,7 +106,7 @@ gpus_json(const struct kvp_node *n, json_t *checks)
 		d.numa_node = -1;
 		kvp_topo_pcidev(bus, &d);
 		for (unsigned r = 0; r < n->nrails && r < KVP_RAILS_MAX; r++)
-			if (n->rails[r].pci[0] && same_switch(bus, n->rails[r].pci))
+			if (n->rails[r].pci[0] && kvp_topo_same_switch(bus, n->rails[r].pci))
 				json_array_append_new(pix, json_string(n->rails[r].dev));
 		snprintf(what, sizeof(what), "gpu %d", i);
 		placement(n, checks, what, &d);

@@ -1259,6 +1259,12 @@ int kvp_topo_netdev(const char *ifname, struct kvp_topo_dev *d);
  */
 int kvp_topo_pcidev(const char *pci, struct kvp_topo_dev *d);
 
+/**
+ * True if PCI devices @p pci_a and @p pci_b sit behind the same PCIe switch
+ * (PIX: their sysfs paths share the bridge above both ports).
+ */
+bool kvp_topo_same_switch(const char *pci_a, const char *pci_b);
+
 /** True if @p cpu appears in a sysfs CPU list such as "0-3,8,10-11". */
 bool kvp_topo_cpulist_has(const char *list, unsigned cpu);
 

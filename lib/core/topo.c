@@ -221,3 +221,24 @@ kvp_topo_cpulist_has(const char *list, unsigned cpu)
 	}
 	return false;
 }
+
+bool
+kvp_topo_same_switch(const char *pci_a, const char *pci_b)
+{
+	char a[512], b[512], pa[256], pb[256];
+
+	snprintf(pa, sizeof(pa), "/sys/bus/pci/devices/%s", pci_a);
+	snprintf(pb, sizeof(pb), "/sys/bus/pci/devices/%s", pci_b);
+	if (!realpath(pa, a) || !realpath(pb, b))
+		return false;
+	/* Drop the device and its own port: what remains is the switch above both. */
+	for (int k = 0; k < 2; k++) {
+		char *sa = strrchr(a, '/'), *sb = strrchr(b, '/');
+
+		if (!sa || !sb)
+			return false;
+		*sa = '\0';
+		*sb = '\0';
+	}
+	return strcmp(a, b) == 0 && strcmp(a, "/sys/devices") != 0;
+}

@@ -5,10 +5,12 @@
  * RoCE v2 of the listen address family, so that the peers' IP routes are
  * the RDMA routes too.
  */
+#include <ctype.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "rdma_priv.h"
 
@@ -139,6 +141,14 @@ add_rail(struct ibv_device *d, uint8_t port, const struct kvp_config *cfg, char 
 		return -ENODEV;
 	}
 	atomic_store(&r->paused, false);
+	char path[512], link[512];
+	snprintf(path, sizeof(path), "%s/device", d->ibdev_path);
+	ssize_t n = readlink(path, link, sizeof(link) - 1);
+	if (n > 0) {
+		link[n] = '\0';
+		const char *base = strrchr(link, '/');
+		snprintf(r->pci, sizeof(r->pci), "%.31s", base ? base + 1 : link);
+	}
 	gdr.nrails++;
 	return 0;
 }
@@ -258,6 +268,29 @@ kvp_gdr_close(void)
 			ibv_close_device(gdr.devs[i].ctx);
 	}
 	memset(&gdr, 0, sizeof(gdr));
+}
+
+int
+kvp_gdr_bind_gpu(int gpu, const char *gpu_pci)
+{
+	char bus[32];
+	size_t len = strlen(gpu_pci);
+	uint32_t mask = 0;
+
+	if (gpu < 0 || gpu >= KVP_GPUS_MAX)
+		return 0;
+	/* The driver prints 00000000:19:00.0; sysfs names it 0000:19:00.0. */
+	snprintf(bus, sizeof(bus), "%s", len > 12 ? gpu_pci + len - 12 : gpu_pci);
+	for (char *p = bus; *p; p++)
+		*p = (char)tolower((unsigned char)*p);
+	for (unsigned r = 0; r < gdr.nrails; r++)
+		if (gdr.rails[r].pci[0] && kvp_topo_same_switch(bus, gdr.rails[r].pci))
+			mask |= 1u << r;
+	gdr.gpu_rails[gpu] = mask;
+	if (mask)
+		KVP_LOG(INFO, gdr, "GPU %d (%s): its data goes through the rails behind its PCIe "
+			"switch (mask %#x)", gpu, bus, mask);
+	return __builtin_popcount(mask);
 }
 
 int

@@ -68,6 +68,13 @@ int kvp_gdr_open(const struct kvp_config *cfg, struct kvp_gdr_rail_use *use, cha
 /** Release what kvp_gdr_open() took (after the workers and the region table are gone). */
 void kvp_gdr_close(void);
 
+/**
+ * Tell the planner which rails sit behind GPU @p gpu's PCIe switch (PIX):
+ * data of that GPU's regions stripes over those rails while any of them is
+ * usable. @p gpu_pci as the CUDA driver prints it. @return rails found
+ */
+int kvp_gdr_bind_gpu(int gpu, const char *gpu_pci);
+
 /** Pause (no new writes) or resume a rail. @return 0; -ENOENT for an unknown rail */
 int kvp_gdr_rail_pause(unsigned rail, bool pause);
 

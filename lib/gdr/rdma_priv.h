@@ -38,6 +38,7 @@ struct gdr_rail {
 	int gid_index;
 	union ibv_gid gid;
 	_Atomic bool paused;
+	char pci[32]; /* the port's PCI device, "" for a virtual one */
 };
 
 /* One region's registrations, one per device (an MR belongs to a PD). */
@@ -54,6 +55,7 @@ struct gdr_node {
 	struct gdr_mrs *mrs; /* by region slot */
 	uint32_t nmrs;
 	struct kvp_mr_stats mr_stats;
+	uint32_t gpu_rails[KVP_GPUS_MAX]; /* rails behind the same PCIe switch as each GPU */
 	bool dmabuf_host; /* rdma.dmabuf_host */
 	struct kvp_region_hooks hooks;
 };

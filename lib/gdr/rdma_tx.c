@@ -192,14 +192,24 @@ rail_usable(const struct sqp *q)
 	       !atomic_load_explicit(&gdr.rails[q->rail].paused, memory_order_relaxed);
 }
 
-/* Next QP of the stripe with room for a WRITE (the last ring entry is kept for an imm). */
+/*
+ * Next QP of the stripe with room for a WRITE (the last ring entry is kept
+ * for an imm), among the rails in @p prefer (those behind a GPU's PCIe
+ * switch) while any of them is usable, else among all.
+ */
 static int
-pick_qp(struct rdma_ctx *c, struct rpeer *rp)
+pick_qp(struct rdma_ctx *c, struct rpeer *rp, uint32_t prefer)
 {
+	bool any_preferred = false;
+
+	for (uint32_t s = 0; prefer && s < c->nslots && !any_preferred; s++)
+		any_preferred = (prefer >> rp->sq[s].rail & 1) && rail_usable(&rp->sq[s]);
 	for (uint32_t k = 0; k < c->nslots; k++) {
 		uint32_t s = (rp->rr + k) % c->nslots;
 		struct sqp *q = &rp->sq[s];
 
+		if (any_preferred && !(prefer >> q->rail & 1))
+			continue;
 		/* Bounded in WRs and in bytes: a deep queue of large WRITEs only adds latency. */
 		if (rail_usable(q) && q->head - q->tail < q->depth && q->bytes_out < c->window) {
 			rp->rr = s + 1;
@@ -282,7 +292,11 @@ post_write(struct rdma_ctx *c, struct rpeer *rp, struct kvp_xfer *x)
 {
 	struct txs *t = &c->txs[x->idx];
 	const struct kvp_seg *s = &x->segs[t->seg];
-	int slot = pick_qp(c, rp);
+	uint32_t prefer = (s->src->flags & KVP_REGION_F_GPU) && s->src->device >= 0 &&
+					  s->src->device < KVP_GPUS_MAX
+				  ? gdr.gpu_rails[s->src->device]
+				  : 0;
+	int slot = pick_qp(c, rp, prefer);
 
 	if (slot < 0 || !batch_room(c, x->peer, (uint32_t)slot, x, RS_POST))
 		return 0;
