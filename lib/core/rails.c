@@ -63,10 +63,10 @@ admin_rdma_json(const struct kvp_node *n)
 {
 	struct kvp_rail_stats r[KVP_WIRE_RAILS_MAX];
 	uint64_t wc[KVP_WC_STATUS_MAX], xfers, fallbacks;
-	json_t *rails = json_array(), *wcj = json_object();
 
 	if (!n->rail_pause)
 		return json_null();
+	json_t *rails = json_array(), *wcj = json_object();
 	admin_rail_totals(n, r, wc, &xfers, &fallbacks);
 	for (int i = 0; i < KVP_WIRE_RAILS_MAX; i++) {
 		const struct kvp_rail_info *p = rail_port(n, i);
