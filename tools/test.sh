@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: BSD-3-Clause
 # Build kvproxy twice — plain (build/) and with address+undefined sanitizers
-# (build-san/) — and run the unit and integ suites in each, and the rdma
-# suite (Soft-RoCE in a QEMU VM, tools/rdma-vm.sh) in the plain build; then
+# (build-san/) — and run the unit, integ, fuzz-replay and rdma (Soft-RoCE in
+# a QEMU VM, tools/rdma-vm.sh) suites in each; then
 # the libFuzzer runs (tests/fuzz/run.sh) and a short soak. Prints skipped
 # tests with their reason, and as the last line "N passed, N failed, N skipped".
 # Exits non-zero if anything failed (a build failure counts as a failure).
@@ -42,13 +42,13 @@ while [[ $# -gt 0 ]]; do
 	esac
 	shift
 done
-# Default: unit and integ in both builds; rdma (a Soft-RoCE VM, slow under
-# emulation) in the plain build only.
+# Default: every suite in both builds; the RDMA transport is new enough that
+# its VM tests earn the sanitizers' ~10 minutes.
 san_suites=()
 fuzz=0
 if [[ ${#suites[@]} -eq 0 ]]; then
 	suites=(unit integ fuzz rdma)
-	san_suites=(unit integ fuzz)
+	san_suites=(unit integ fuzz rdma)
 	fuzz=1 # and the libFuzzer runs (tests/fuzz/run.sh), bounded
 fi
 builds=("$builddir")
