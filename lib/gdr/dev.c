@@ -10,7 +10,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "rdma_priv.h"
 
@@ -141,14 +140,7 @@ add_rail(struct ibv_device *d, uint8_t port, const struct kvp_config *cfg, char 
 		return -ENODEV;
 	}
 	atomic_store(&r->paused, false);
-	char path[512], link[512];
-	snprintf(path, sizeof(path), "%s/device", d->ibdev_path);
-	ssize_t n = readlink(path, link, sizeof(link) - 1);
-	if (n > 0) {
-		link[n] = '\0';
-		const char *base = strrchr(link, '/');
-		snprintf(r->pci, sizeof(r->pci), "%.31s", base ? base + 1 : link);
-	}
+	gdr_sysfs_pci(d, r->pci, sizeof(r->pci));
 	gdr.nrails++;
 	return 0;
 }

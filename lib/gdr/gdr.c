@@ -9,16 +9,31 @@
 
 #include <infiniband/verbs.h>
 
-#include "kvp_gdr.h"
+#include "rdma_priv.h"
+
+void
+gdr_sysfs_pci(struct ibv_device *dev, char *pci, size_t len)
+{
+	char path[PATH_MAX], link[PATH_MAX];
+	ssize_t n;
+
+	pci[0] = '\0';
+	snprintf(path, sizeof(path), "%s/device", dev->ibdev_path);
+	n = readlink(path, link, sizeof(link) - 1);
+	if (n > 0) {
+		link[n] = '\0';
+		const char *base = strrchr(link, '/');
+		snprintf(pci, len, "%.31s", base ? base + 1 : link);
+	}
+}
 
 static void
 sysfs_placement(struct ibv_device *dev, struct kvp_gdr_rail *r)
 {
-	char path[PATH_MAX], link[PATH_MAX];
+	char path[PATH_MAX];
 	FILE *f;
 
 	r->numa_node = -1;
-	r->pci[0] = '\0';
 	snprintf(path, sizeof(path), "%s/device/numa_node", dev->ibdev_path);
 	f = fopen(path, "r");
 	if (f) {
@@ -26,13 +41,7 @@ sysfs_placement(struct ibv_device *dev, struct kvp_gdr_rail *r)
 			r->numa_node = -1;
 		fclose(f);
 	}
-	snprintf(path, sizeof(path), "%s/device", dev->ibdev_path);
-	ssize_t n = readlink(path, link, sizeof(link) - 1);
-	if (n > 0) {
-		link[n] = '\0';
-		const char *base = strrchr(link, '/');
-		snprintf(r->pci, sizeof(r->pci), "%.31s", base ? base + 1 : link);
-	}
+	gdr_sysfs_pci(dev, r->pci, sizeof(r->pci));
 }
 
 int

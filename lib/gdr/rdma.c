@@ -25,15 +25,15 @@ wc_status_name(int st)
 	return ibv_wc_status_str((enum ibv_wc_status)st);
 }
 
-/* Pairs of one peer on device @p d: how many send QPs its rails there hold. */
-static uint32_t
-rails_on_dev(unsigned d)
+/* QPs of one direction on device @p d: every peer's slots on the rails there. */
+static uint64_t
+qps_on_dev(const struct rdma_ctx *c, unsigned d)
 {
-	uint32_t n = 0;
+	uint64_t n = 0;
 
 	for (unsigned r = 0; r < gdr.nrails; r++)
 		n += gdr.rails[r].dev == d;
-	return n;
+	return n * c->npeers * (c->nslots / gdr.nrails);
 }
 
 static void
@@ -85,7 +85,7 @@ fit_depths(struct rdma_ctx *c)
 {
 	for (unsigned d = 0; d < gdr.ndevs; d++) {
 		const struct ibv_device_attr *a = &gdr.devs[d].attr;
-		uint64_t qps = (uint64_t)c->npeers * rails_on_dev(d) * (c->nslots / gdr.nrails);
+		uint64_t qps = qps_on_dev(c, d);
 
 		if ((int)c->sq_depth + 1 > a->max_qp_wr)
 			c->sq_depth = (uint32_t)a->max_qp_wr - 1;
@@ -113,7 +113,7 @@ make_cqs(struct rdma_ctx *c)
 
 	for (unsigned d = 0; d < gdr.ndevs; d++) {
 		struct rcq *q = &c->cq[d];
-		uint64_t qps = (uint64_t)c->npeers * rails_on_dev(d) * (c->nslots / gdr.nrails);
+		uint64_t qps = qps_on_dev(c, d);
 		uint64_t n = qps * (c->sq_depth + 1 + c->rq_depth);
 
 		if (n == 0)

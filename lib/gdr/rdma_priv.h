@@ -62,6 +62,9 @@ struct gdr_node {
 
 extern struct gdr_node gdr;
 
+/* gdr.c: the PCI address of a verbs device from sysfs ("" for a virtual one). */
+void gdr_sysfs_pci(struct ibv_device *dev, char *pci, size_t len);
+
 /* mr.c */
 int gdr_mr_init(uint32_t max_regions, bool dmabuf_host);
 void gdr_mr_fini(void);
