@@ -47,6 +47,8 @@ add_peer(struct kvp_peer_stats *d, struct kvp_peer_stats *s)
 	d->rx_frames += KVP_STAT_READ(s->rx_frames);
 	d->bad_frames += KVP_STAT_READ(s->bad_frames);
 	d->conn_errors += KVP_STAT_READ(s->conn_errors);
+	for (unsigned l = 0; l < KVP_LINKS_MAX; l++)
+		d->link_tx_bytes[l] += KVP_STAT_READ(s->link_tx_bytes[l]);
 }
 
 void
@@ -90,7 +92,7 @@ admin_peers_up(const struct kvp_node *n)
 	unsigned up = 0;
 
 	for (uint16_t i = 0; i < n->cfg.npeers; i++)
-		up += n->peers[i].out_state == KVP_LINK_UP;
+		up += n->peers[i].out_up != 0;
 	return up;
 }
 
@@ -138,7 +140,12 @@ m_status(struct kvp_node *n, json_t *params, struct rpc_err *e)
 static json_t *
 peer_stats_json(const struct kvp_node *n, uint16_t i, const struct kvp_peer_stats *s)
 {
-	return json_pack("{s:s, s:i, s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}", "node_id",
+	json_t *links = json_array();
+
+	for (unsigned l = 0; l < n->cfg.tcp_conns && l < KVP_LINKS_MAX; l++)
+		json_array_append_new(links, json_integer((json_int_t)s->link_tx_bytes[l]));
+	return json_pack("{s:s, s:i, s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:i, s:o}",
+			 "node_id",
 			 n->cfg.peers[i].node_id, "index", (int)i, "state",
 			 kvp_peer_state_name(n, i), "tx_bytes", (json_int_t)s->tx_bytes,
 			 "rx_bytes", (json_int_t)s->rx_bytes, "tx_xfers", (json_int_t)s->tx_xfers,
@@ -146,7 +153,8 @@ peer_stats_json(const struct kvp_node *n, uint16_t i, const struct kvp_peer_stat
 			 (json_int_t)s->tx_frames, "rx_frames", (json_int_t)s->rx_frames,
 			 "connects", (json_int_t)n->peers[i].connects, "disconnects",
 			 (json_int_t)n->peers[i].disconnects, "bad_frames",
-			 (json_int_t)s->bad_frames);
+			 (json_int_t)s->bad_frames, "links_up",
+			 __builtin_popcount(n->peers[i].out_up), "link_tx_bytes", links);
 }
 
 static json_t *
@@ -297,10 +305,12 @@ m_peers(struct kvp_node *n, json_t *params, struct rpc_err *e)
 		snprintf(addr, sizeof(addr), "%s:%u", n->cfg.peers[i].host, n->cfg.peers[i].port);
 		snprintf(epoch, sizeof(epoch), "%016" PRIx64, p->epoch);
 		json_array_append_new(
-			arr, json_pack("{s:s, s:i, s:s, s:s, s:b, s:s, s:I, s:I, s:I, s:s}",
+			arr, json_pack("{s:s, s:i, s:s, s:s, s:b, s:i, s:i, s:i, s:s, s:I, s:I, s:I, s:s}",
 				       "node_id", n->cfg.peers[i].node_id, "index", (int)i, "addr",
 				       addr, "state", kvp_peer_state_name(n, i), "inbound_up",
-				       p->in_up, "epoch", epoch, "connects",
+				       p->in_up != 0, "links", (int)p->links, "links_up",
+				       __builtin_popcount(p->out_up), "inbound_links",
+				       __builtin_popcount(p->in_up), "epoch", epoch, "connects",
 				       (json_int_t)p->connects, "disconnects",
 				       (json_int_t)p->disconnects, "handshake_failures",
 				       (json_int_t)p->handshake_failures, "last_error",

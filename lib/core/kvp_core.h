@@ -96,6 +96,8 @@ kvp_time_after(uint64_t t, uint64_t rel)
 /* ---- configuration ---- */
 
 #define KVP_PEERS_MAX 64
+/** Most TCP connections (links) per peer and direction. */
+#define KVP_LINKS_MAX 8
 #define KVP_PATH_MAX  108 /* sun_path */
 
 struct kvp_peer_conf {
@@ -150,6 +152,7 @@ struct kvp_config {
 	uint32_t tcp_rx_buffer;
 	uint32_t tcp_tx_frames;
 	uint32_t tcp_send_iov;
+	uint32_t tcp_conns;	/**< TCP connections per peer and direction (links) */
 	bool tcp_zerocopy;	/**< IORING_OP_SENDMSG_ZC instead of copying sends */
 	uint32_t stage_pool;	/**< bytes of staging buffers per worker */
 	uint32_t stage_buf;	/**< bytes per staging buffer */
@@ -519,6 +522,10 @@ struct kvp_wire_hello {
 };
 
 #define KVP_HELLO_F_AUTH 0x1u /**< the sender holds the shared secret */
+/* Bits 8-15: the link a dialer's HELLO opens; bits 16-23: the sender's tcp.connections. */
+#define KVP_HELLO_LINK(f)  (((f) >> 8) & 0xffu)
+#define KVP_HELLO_LINKS(f) (((f) >> 16) & 0xffu)
+#define KVP_HELLO_F_LINK(l, n) (((uint32_t)(l) << 8) | ((uint32_t)(n) << 16))
 
 static_assert(sizeof(struct kvp_wire_hello) == 152, "wire ABI");
 
@@ -552,6 +559,7 @@ struct kvp_peer_stats {
 	uint64_t rx_frames;
 	uint64_t bad_frames;
 	uint64_t conn_errors;
+	uint64_t link_tx_bytes[KVP_LINKS_MAX]; /**< payload bytes sent per TCP link */
 };
 
 /** Per-rail counters of the RDMA transport. */
@@ -785,6 +793,7 @@ struct kvp_xfer {
 	uint32_t t_frames; /**< frames of this transfer not yet on the wire */
 	uint64_t t_off;
 	uint8_t t_state;
+	uint16_t t_conn; /**< the connection that carries it */
 };
 
 static inline uint64_t
@@ -824,8 +833,12 @@ struct kvp_transport_ops {
 	/** Create the per-worker instance. @return 0 or negative errno */
 	int (*create)(struct kvp_worker *w, void **tctx);
 	void (*destroy)(void *tctx);
-	/** Take over a handshaken connection (fd ownership passes). @return 0 or negative errno */
-	int (*attach)(void *tctx, uint16_t peer, int fd, bool outgoing, uint64_t epoch);
+	/**
+	 * Take over handshaken connection @p link (< tcp.connections) of a
+	 * peer (fd ownership passes). @return 0 or negative errno
+	 */
+	int (*attach)(void *tctx, uint16_t peer, uint8_t link, int fd, bool outgoing,
+		      uint64_t epoch);
 	/**
 	 * Queue a transfer. The transport stamps x->ts[KVP_TS_ADMIT] (window and
 	 * buffers granted), FIRST and POSTED (first and last byte handed over)
@@ -858,6 +871,7 @@ enum kvp_msg_type {
 struct kvp_msg {
 	int type;
 	uint16_t peer;
+	uint8_t link;
 	bool outgoing;
 	int fd;
 	uint64_t epoch;
@@ -890,7 +904,7 @@ struct kvp_worker {
 	struct kvp_chan **chans; /**< by client slot */
 	uint32_t nchans;
 	uint32_t chan_slots;
-	bool peer_up[KVP_PEERS_MAX];
+	uint8_t peer_links[KVP_PEERS_MAX]; /**< outgoing connections up per peer */
 
 	uint64_t next_timer_ns;
 	volatile bool quit;
@@ -959,7 +973,7 @@ void kvp_worker_landed(struct kvp_worker *w, uint16_t peer, uint32_t owner, uint
 		       uint64_t dst_key, uint64_t bytes, uint32_t nseg, uint64_t first_ns);
 
 /** Transport callback: a connection closed; the main lcore reconnects. */
-void kvp_worker_conn_down(struct kvp_worker *w, uint16_t peer, bool outgoing,
+void kvp_worker_conn_down(struct kvp_worker *w, uint16_t peer, uint8_t link, bool outgoing,
 			  const char *reason);
 
 /** Client slot of a client id (index into kvp_worker.chans). */
@@ -971,6 +985,7 @@ kvp_client_slot(uint32_t id)
 
 /* ---- the node: control plane on the main lcore ---- */
 
+/** KVP_LINK_UP: no dial in progress; every link up or waiting for a retry. */
 enum kvp_peer_link {
 	KVP_LINK_DOWN = 0,
 	KVP_LINK_CONNECTING, /**< TCP connect in progress */
@@ -978,11 +993,18 @@ enum kvp_peer_link {
 	KVP_LINK_UP,	     /**< handed to a worker */
 };
 
-/** Control-plane state of one configured peer. */
+
+/**
+ * Control-plane state of one configured peer. Its links are dialled one at
+ * a time, lowest missing first; the out_* dial state is the current one's.
+ */
 struct kvp_peer {
-	int out_state; /**< enum kvp_peer_link, our outgoing connection */
+	int out_state; /**< enum kvp_peer_link, the dial in progress */
 	int out_fd;
-	bool in_up; /**< the peer's connection to us is up */
+	uint8_t out_link;  /**< link being dialled */
+	uint8_t links;	   /**< links kept: ours, or fewer if the peer accepts fewer */
+	uint32_t out_up;   /**< bit per outgoing link handed to the worker */
+	uint32_t in_up;	   /**< bit per link of the peer's connections to us */
 	uint64_t epoch;
 	uint64_t deadline_ns;  /**< connect/handshake deadline */
 	uint64_t next_try_ns;  /**< reconnect time while down */
@@ -1000,6 +1022,7 @@ struct kvp_peer {
 struct kvp_pending_conn {
 	int fd;
 	int peer;      /**< -1 until the HELLO named a configured peer */
+	uint8_t link;
 	bool auth;     /**< HELLO answered; waiting for the peer's proof */
 	uint64_t epoch;
 	uint8_t nonce[32]; /**< our challenge */
@@ -1176,7 +1199,8 @@ int kvp_peer_listen(struct kvp_node *n, char *err, size_t errlen);
 void kvp_peer_accept(struct kvp_node *n);
 void kvp_peer_pending_input(struct kvp_node *n, uint32_t slot);
 void kvp_peer_out_event(struct kvp_node *n, uint16_t peer, uint32_t events);
-void kvp_peer_conn_down(struct kvp_node *n, uint16_t peer, bool outgoing, const char *why);
+void kvp_peer_conn_down(struct kvp_node *n, uint16_t peer, uint8_t link, bool outgoing,
+			const char *why);
 void kvp_peer_timers(struct kvp_node *n, uint64_t now);
 void kvp_peer_close_all(struct kvp_node *n);
 const char *kvp_peer_state_name(const struct kvp_node *n, uint16_t peer);

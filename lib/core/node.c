@@ -172,8 +172,10 @@ kvp_node_init(struct kvp_node *n, const struct kvp_config *cfg,
 		n->admin[i].fd = -1;
 	for (unsigned i = 0; i < KVP_PENDING_MAX; i++)
 		n->pending[i].fd = -1;
-	for (unsigned i = 0; i < KVP_PEERS_MAX; i++)
+	for (unsigned i = 0; i < KVP_PEERS_MAX; i++) {
 		n->peers[i].out_fd = -1;
+		n->peers[i].links = (uint8_t)cfg->tcp_conns;
+	}
 
 	rc = kvp_region_table_init(&n->regions, cfg->max_regions);
 	if (rc < 0) {
@@ -280,7 +282,7 @@ drain_outboxes(struct kvp_node *n)
 				struct kvp_msg *m = msgs[k];
 
 				if (m->type == KVP_MSG_CONN_DOWN)
-					kvp_peer_conn_down(n, m->peer, m->outgoing, m->reason);
+					kvp_peer_conn_down(n, m->peer, m->link, m->outgoing, m->reason);
 				else if (m->type == KVP_MSG_CHAN_GONE)
 					kvp_client_gone(n, m->chan);
 				else if (m->type == KVP_MSG_CHAN_BROKEN)

@@ -2,9 +2,11 @@
 /*
  * Peer connections (main lcore). Each node dials every configured peer for
  * the data it sends and accepts the peers' connections for the data it
- * receives. Both ends exchange a versioned HELLO that names sender and
- * target; only then is the socket handed to a worker. Failed attempts are
- * retried with exponential backoff.
+ * receives: tcp.connections links each way, so several streams share the
+ * path (the dialer keeps the smaller of both ends' counts). Both ends
+ * exchange a versioned HELLO that names sender, target and link; only then
+ * is the socket handed to a worker. Links are dialled one at a time and
+ * failed attempts retried with exponential backoff.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -34,6 +36,7 @@ enum hello_err {
 	HELLO_WRONG_TARGET = 2,
 	HELLO_LIMITS = 3,
 	HELLO_AUTH = 4,
+	HELLO_LINK = 5,
 };
 
 static const char *
@@ -48,6 +51,8 @@ hello_err_str(uint32_t e)
 		return "limits mismatch (max_inflight / tcp.frame_max larger than the remote's)";
 	case HELLO_AUTH:
 		return "authentication failed (auth secrets differ or are set on one side only)";
+	case HELLO_LINK:
+		return "link index beyond the remote's tcp.connections";
 	default:
 		return "refused";
 	}
@@ -98,8 +103,8 @@ kvp_peer_listen(struct kvp_node *n, char *err, size_t errlen)
 }
 
 static void
-fill_hello(struct kvp_node *n, uint8_t *buf, const char *to, uint64_t epoch, uint32_t status,
-	   const uint8_t *nonce, const uint8_t *mac)
+fill_hello(struct kvp_node *n, uint8_t *buf, const char *to, uint8_t link, uint64_t epoch,
+	   uint32_t status, const uint8_t *nonce, const uint8_t *mac)
 {
 	struct kvp_wire_hdr *h = (struct kvp_wire_hdr *)buf;
 	struct kvp_wire_hello *m = (struct kvp_wire_hello *)(buf + sizeof(*h));
@@ -112,7 +117,8 @@ fill_hello(struct kvp_node *n, uint8_t *buf, const char *to, uint64_t epoch, uin
 	m->max_inflight = n->cfg.max_inflight;
 	m->frame_max = n->cfg.tcp_frame_max;
 	m->status = status;
-	m->flags = n->cfg.auth_secret[0] ? KVP_HELLO_F_AUTH : 0;
+	m->flags = (n->cfg.auth_secret[0] ? KVP_HELLO_F_AUTH : 0) |
+		   KVP_HELLO_F_LINK(link, n->cfg.tcp_conns);
 	if (nonce)
 		memcpy(m->nonce, nonce, sizeof(m->nonce));
 	if (mac)
@@ -175,7 +181,7 @@ read_hello(int fd, uint8_t *buf, uint32_t *have)
 
 /* Hand a handshaken socket to the worker; the socket becomes blocking for io_uring. */
 static int
-hand_over(struct kvp_node *n, uint16_t peer, int fd, bool outgoing, uint64_t epoch)
+hand_over(struct kvp_node *n, uint16_t peer, uint8_t link, int fd, bool outgoing, uint64_t epoch)
 {
 	struct kvp_msg *m = kvp_node_msg(n, KVP_MSG_CONN_ADD);
 	int one = 1;
@@ -185,6 +191,7 @@ hand_over(struct kvp_node *n, uint16_t peer, int fd, bool outgoing, uint64_t epo
 	fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
 	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 	m->peer = peer;
+	m->link = link;
 	m->fd = fd;
 	m->outgoing = outgoing;
 	m->epoch = epoch;
@@ -204,12 +211,23 @@ out_fail(struct kvp_node *n, uint16_t i, const char *why)
 		p->out_fd = -1;
 	}
 	if (strcmp(p->last_error, why) != 0)
-		KVP_LOG(WARNING, core, "peer %s (%s:%u): %s; retrying", n->cfg.peers[i].node_id,
-			n->cfg.peers[i].host, n->cfg.peers[i].port, why);
+		KVP_LOG(WARNING, core, "peer %s (%s:%u) link %u: %s; retrying",
+			n->cfg.peers[i].node_id, n->cfg.peers[i].host, n->cfg.peers[i].port,
+			p->out_link, why);
 	snprintf(p->last_error, sizeof(p->last_error), "%s", why);
 	p->out_state = KVP_LINK_DOWN;
 	p->next_try_ns = now + (uint64_t)p->backoff_ms * 1000000;
 	p->backoff_ms = p->backoff_ms * 2 > BACKOFF_MAX_MS ? BACKOFF_MAX_MS : p->backoff_ms * 2;
+}
+
+/* The lowest link not up, or -1 when all are. */
+static int
+missing_link(const struct kvp_peer *p)
+{
+	for (uint8_t l = 0; l < p->links; l++)
+		if (!(p->out_up & (1u << l)))
+			return l;
+	return -1;
 }
 
 static void
@@ -219,8 +237,16 @@ out_start(struct kvp_node *n, uint16_t i, uint64_t now)
 	const struct kvp_peer_conf *pc = &n->cfg.peers[i];
 	struct sockaddr_storage ss;
 	socklen_t len;
-	int fd;
+	int fd, link;
 
+	if (!p->out_up)
+		p->links = (uint8_t)n->cfg.tcp_conns; /* a restarted remote may accept more */
+	link = missing_link(p);
+	if (link < 0) {
+		p->out_state = KVP_LINK_UP;
+		return;
+	}
+	p->out_link = (uint8_t)link;
 	if (p->backoff_ms == 0)
 		p->backoff_ms = n->cfg.reconnect_ms;
 	if (resolve(pc->host, pc->port, false, &ss, &len) < 0) {
@@ -263,7 +289,8 @@ kvp_peer_out_event(struct kvp_node *n, uint16_t i, uint32_t events)
 		uint8_t buf[HELLO_LEN];
 		random_bytes(&p->epoch, sizeof(p->epoch));
 		random_bytes(p->nonce, sizeof(p->nonce));
-		fill_hello(n, buf, n->cfg.peers[i].node_id, p->epoch, HELLO_OK, p->nonce, NULL);
+		fill_hello(n, buf, n->cfg.peers[i].node_id, p->out_link, p->epoch, HELLO_OK, p->nonce,
+			   NULL);
 		if (send(p->out_fd, buf, sizeof(buf), MSG_DONTWAIT | MSG_NOSIGNAL) !=
 		    (ssize_t)sizeof(buf)) {
 			out_fail(n, i, "cannot send HELLO");
@@ -285,6 +312,13 @@ kvp_peer_out_event(struct kvp_node *n, uint16_t i, uint32_t events)
 	}
 	const struct kvp_wire_hello *m =
 		(const struct kvp_wire_hello *)(p->buf + sizeof(struct kvp_wire_hdr));
+	/* Keep no more links than the remote accepts (an old remote says 0: one). */
+	uint32_t theirs = KVP_HELLO_LINKS(m->flags) ? KVP_HELLO_LINKS(m->flags) : 1;
+	if (theirs < p->links) {
+		KVP_LOG(INFO, core, "peer %s accepts %u connections; using %u instead of %u",
+			n->cfg.peers[i].node_id, theirs, theirs, p->links);
+		p->links = (uint8_t)theirs;
+	}
 	if (m->status != HELLO_OK) {
 		p->handshake_failures++;
 		out_fail(n, i, hello_err_str(m->status));
@@ -308,26 +342,34 @@ kvp_peer_out_event(struct kvp_node *n, uint16_t i, uint32_t events)
 		}
 		/* Our proof answers its challenge; the acceptor checks it before use. */
 		hello_mac(n, 'D', m->nonce, p->nonce, n->cfg.node_id, n->cfg.peers[i].node_id, mac);
-		fill_hello(n, proof, n->cfg.peers[i].node_id, p->epoch, HELLO_OK, p->nonce, mac);
+		fill_hello(n, proof, n->cfg.peers[i].node_id, p->out_link, p->epoch, HELLO_OK,
+			   p->nonce, mac);
 		if (send(p->out_fd, proof, sizeof(proof), MSG_DONTWAIT | MSG_NOSIGNAL) !=
 		    (ssize_t)sizeof(proof)) {
 			out_fail(n, i, "cannot send the authentication proof");
 			return;
 		}
 	}
+	if (p->out_link >= p->links) {
+		out_fail(n, i, "link beyond the remote's tcp.connections");
+		p->out_state = KVP_LINK_UP; /* nothing left to dial */
+		return;
+	}
 	int fd = p->out_fd;
 	kvp_node_unwatch(n, fd);
 	p->out_fd = -1;
-	if (hand_over(n, i, fd, true, p->epoch) < 0) {
+	if (hand_over(n, i, p->out_link, fd, true, p->epoch) < 0) {
 		close(fd);
 		out_fail(n, i, "worker inbox full");
 		return;
 	}
-	p->out_state = KVP_LINK_UP;
+	p->out_up |= 1u << p->out_link;
 	p->backoff_ms = n->cfg.reconnect_ms;
 	p->connects++;
 	p->last_error[0] = '\0';
-	KVP_LOG(INFO, core, "peer %s: connected", n->cfg.peers[i].node_id);
+	KVP_LOG(INFO, core, "peer %s: link %u connected", n->cfg.peers[i].node_id, p->out_link);
+	/* The next missing link, at once. */
+	out_start(n, i, kvp_mono_ns());
 }
 
 void
@@ -372,7 +414,7 @@ pending_refuse(struct kvp_node *n, struct kvp_pending_conn *pc, const char *who,
 	n->bad_handshakes++;
 	if (status == HELLO_AUTH)
 		n->auth_failures++;
-	fill_hello(n, buf, who, 0, status, NULL, NULL);
+	fill_hello(n, buf, who, pc->link, 0, status, NULL, NULL);
 	if (send(pc->fd, buf, sizeof(buf), MSG_DONTWAIT | MSG_NOSIGNAL) < 0) {
 		/* The refusal is a courtesy; the close says the same. */
 	}
@@ -386,13 +428,13 @@ pending_accept(struct kvp_node *n, struct kvp_pending_conn *pc)
 	int fd = pc->fd, idx = pc->peer;
 
 	pending_close(n, pc, true);
-	if (hand_over(n, (uint16_t)idx, fd, false, pc->epoch) < 0) {
+	if (hand_over(n, (uint16_t)idx, pc->link, fd, false, pc->epoch) < 0) {
 		close(fd);
 		return;
 	}
-	n->peers[idx].in_up = true;
-	KVP_LOG(INFO, core, "peer %s: accepted its connection%s", n->cfg.peers[idx].node_id,
-		n->cfg.auth_secret[0] ? " (authenticated)" : "");
+	n->peers[idx].in_up |= 1u << pc->link;
+	KVP_LOG(INFO, core, "peer %s: accepted its link %u%s", n->cfg.peers[idx].node_id,
+		pc->link, n->cfg.auth_secret[0] ? " (authenticated)" : "");
 }
 
 void
@@ -435,6 +477,8 @@ kvp_peer_pending_input(struct kvp_node *n, uint32_t slot)
 	int idx = kvp_config_peer_index(&n->cfg, m.node_id);
 	uint32_t status = HELLO_OK;
 
+	pc->link = (uint8_t)KVP_HELLO_LINK(m.flags);
+
 	if (idx < 0)
 		status = HELLO_UNKNOWN_NODE;
 	else if (strcmp(m.to_node, n->cfg.node_id) != 0)
@@ -443,6 +487,8 @@ kvp_peer_pending_input(struct kvp_node *n, uint32_t slot)
 		status = HELLO_LIMITS;
 	else if (secret != ((m.flags & KVP_HELLO_F_AUTH) != 0))
 		status = HELLO_AUTH;
+	else if (pc->link >= n->cfg.tcp_conns)
+		status = HELLO_LINK;
 	if (status != HELLO_OK) {
 		pending_refuse(n, pc, m.node_id, status);
 		return;
@@ -456,7 +502,7 @@ kvp_peer_pending_input(struct kvp_node *n, uint32_t slot)
 		random_bytes(pc->nonce, sizeof(pc->nonce));
 		hello_mac(n, 'A', pc->their_nonce, pc->nonce, n->cfg.node_id, m.node_id, mac);
 	}
-	fill_hello(n, buf, m.node_id, m.epoch, HELLO_OK, secret ? pc->nonce : NULL,
+	fill_hello(n, buf, m.node_id, pc->link, m.epoch, HELLO_OK, secret ? pc->nonce : NULL,
 		   secret ? mac : NULL);
 	if (send(pc->fd, buf, sizeof(buf), MSG_DONTWAIT | MSG_NOSIGNAL) != (ssize_t)sizeof(buf)) {
 		n->bad_handshakes++;
@@ -472,19 +518,24 @@ kvp_peer_pending_input(struct kvp_node *n, uint32_t slot)
 }
 
 void
-kvp_peer_conn_down(struct kvp_node *n, uint16_t i, bool outgoing, const char *why)
+kvp_peer_conn_down(struct kvp_node *n, uint16_t i, uint8_t link, bool outgoing, const char *why)
 {
 	struct kvp_peer *p = &n->peers[i];
 
-	if (i >= n->cfg.npeers)
+	if (i >= n->cfg.npeers || link >= KVP_LINKS_MAX)
 		return;
 	if (!outgoing) {
-		p->in_up = false;
+		p->in_up &= ~(1u << link);
 		return;
 	}
+	p->out_up &= ~(1u << link);
 	p->disconnects++;
 	p->backoff_ms = n->cfg.reconnect_ms;
-	out_fail(n, i, why);
+	/* A dial in progress for another link goes on; this one is next. */
+	if (p->out_state == KVP_LINK_UP) {
+		p->out_link = link;
+		out_fail(n, i, why);
+	}
 }
 
 void
@@ -493,7 +544,9 @@ kvp_peer_timers(struct kvp_node *n, uint64_t now)
 	for (uint16_t i = 0; i < n->cfg.npeers; i++) {
 		struct kvp_peer *p = &n->peers[i];
 
-		if (p->out_state == KVP_LINK_DOWN && now >= p->next_try_ns)
+		if ((p->out_state == KVP_LINK_DOWN ||
+		     (p->out_state == KVP_LINK_UP && missing_link(p) >= 0)) &&
+		    now >= p->next_try_ns)
 			out_start(n, i, now);
 		else if ((p->out_state == KVP_LINK_CONNECTING || p->out_state == KVP_LINK_HELLO) &&
 			 now >= p->deadline_ns)
@@ -534,9 +587,12 @@ kvp_peer_close_all(struct kvp_node *n)
 const char *
 kvp_peer_state_name(const struct kvp_node *n, uint16_t i)
 {
-	switch (n->peers[i].out_state) {
-	case KVP_LINK_UP:
+	const struct kvp_peer *p = &n->peers[i];
+
+	/* Up while any link carries transfers; the stats say how many. */
+	if (p->out_up)
 		return "up";
+	switch (p->out_state) {
 	case KVP_LINK_CONNECTING:
 	case KVP_LINK_HELLO:
 		return "connecting";

@@ -180,10 +180,14 @@ kvp_stats_prometheus(const struct kvp_node *n, char *out, size_t outlen)
 			   pc[k].name, node, n->cfg.peers[i].node_id, tr,
 			   *(const uint64_t *)((const char *)&t.peer[i] + pc[k].off));
 	}
-	head(&b, "kvproxy_peer_up", "gauge", "1 if the outgoing connection to the peer is up.");
+	head(&b, "kvproxy_peer_up", "gauge", "1 if an outgoing connection to the peer is up.");
 	for (uint16_t i = 0; i < n->cfg.npeers; i++)
 		pb(&b, "kvproxy_peer_up{node=\"%s\",peer=\"%s\"} %d\n", node,
-		   n->cfg.peers[i].node_id, n->peers[i].out_state == KVP_LINK_UP);
+		   n->cfg.peers[i].node_id, n->peers[i].out_up != 0);
+	head(&b, "kvproxy_peer_links_up", "gauge", "Outgoing TCP connections to the peer that are up.");
+	for (uint16_t i = 0; i < n->cfg.npeers; i++)
+		pb(&b, "kvproxy_peer_links_up{node=\"%s\",peer=\"%s\"} %d\n", node,
+		   n->cfg.peers[i].node_id, __builtin_popcount(n->peers[i].out_up));
 	head(&b, "kvproxy_completions_total", "counter", "Transfers ended on this node, by status.");
 	for (int c = 0; c < KVP_STATUS_MAX; c++)
 		pb(&b, "kvproxy_completions_total{node=\"%s\",status=\"%s\"} %" PRIu64 "\n", node,

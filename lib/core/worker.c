@@ -102,8 +102,8 @@ kvp_worker_fini(struct kvp_worker *w)
 }
 
 static void
-send_main(struct kvp_worker *w, int type, uint16_t peer, bool outgoing, struct kvp_chan *ch,
-	  const char *reason)
+send_main(struct kvp_worker *w, int type, uint16_t peer, uint8_t link, bool outgoing,
+	  struct kvp_chan *ch, const char *reason)
 {
 	struct kvp_msg *m;
 
@@ -113,6 +113,7 @@ send_main(struct kvp_worker *w, int type, uint16_t peer, bool outgoing, struct k
 	}
 	memset(m, 0, sizeof(*m));
 	m->type = type;
+	m->link = link;
 	m->peer = peer;
 	m->outgoing = outgoing;
 	m->chan = ch;
@@ -401,12 +402,13 @@ kvp_worker_landed(struct kvp_worker *w, uint16_t peer, uint32_t owner, uint64_t 
 }
 
 void
-kvp_worker_conn_down(struct kvp_worker *w, uint16_t peer, bool outgoing, const char *reason)
+kvp_worker_conn_down(struct kvp_worker *w, uint16_t peer, uint8_t link, bool outgoing,
+		     const char *reason)
 {
-	if (outgoing)
-		w->peer_up[peer] = false;
+	if (outgoing && w->peer_links[peer] > 0)
+		w->peer_links[peer]--;
 	KVP_STAT_ADD(w->stats.peer[peer].conn_errors, 1);
-	send_main(w, KVP_MSG_CONN_DOWN, peer, outgoing, NULL, reason);
+	send_main(w, KVP_MSG_CONN_DOWN, peer, link, outgoing, NULL, reason);
 }
 
 static void
@@ -438,7 +440,7 @@ chan_del(struct kvp_worker *w, struct kvp_chan *ch)
 		w->chans[slot] = NULL;
 		w->nchans--;
 	}
-	send_main(w, KVP_MSG_CHAN_GONE, 0, false, ch, NULL);
+	send_main(w, KVP_MSG_CHAN_GONE, 0, 0, false, ch, NULL);
 }
 
 static void cancel_user(struct kvp_worker *w, struct kvp_chan *ch, uint64_t user_id);
@@ -461,13 +463,14 @@ kvp_worker_inbox(struct kvp_worker *w)
 			chan_del(w, m->chan);
 			break;
 		case KVP_MSG_CONN_ADD:
-			rc = w->tops->attach(w->tctx, m->peer, m->fd, m->outgoing, m->epoch);
+			rc = w->tops->attach(w->tctx, m->peer, m->link, m->fd, m->outgoing,
+					     m->epoch);
 			if (rc < 0) {
 				close(m->fd);
-				send_main(w, KVP_MSG_CONN_DOWN, m->peer, m->outgoing, NULL,
+				send_main(w, KVP_MSG_CONN_DOWN, m->peer, m->link, m->outgoing, NULL,
 					  "transport refused the connection");
 			} else if (m->outgoing) {
-				w->peer_up[m->peer] = true;
+				w->peer_links[m->peer]++;
 			}
 			break;
 		case KVP_MSG_QUIT:
@@ -669,7 +672,7 @@ poll_chan(struct kvp_worker *w, struct kvp_chan *ch, uint64_t now)
 			st = KVP_ETIMEDOUT; /* expired while queued in the ring */
 		if (st == KVP_OK && h.peer >= w->cfg->npeers)
 			st = KVP_ENOPEER;
-		if (st == KVP_OK && !w->peer_up[h.peer])
+		if (st == KVP_OK && !w->peer_links[h.peer])
 			st = KVP_EPEER;
 		if (st != KVP_OK) {
 			fail_now(w, x, st);
@@ -699,7 +702,7 @@ kvp_worker_poll_chans(struct kvp_worker *w)
 			work += poll_chan(w, ch, now);
 		if (ch && ch->broken && !ch->broken_sent) {
 			ch->broken_sent = true;
-			send_main(w, KVP_MSG_CHAN_BROKEN, 0, false, ch, ch->broken_why);
+			send_main(w, KVP_MSG_CHAN_BROKEN, 0, 0, false, ch, ch->broken_why);
 		}
 	}
 	return work;

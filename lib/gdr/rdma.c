@@ -224,11 +224,11 @@ err:
 }
 
 static int
-rdma_attach(void *tctx, uint16_t peer, int fd, bool outgoing, uint64_t epoch)
+rdma_attach(void *tctx, uint16_t peer, uint8_t link, int fd, bool outgoing, uint64_t epoch)
 {
 	struct rdma_ctx *c = tctx;
 
-	return kvp_tcp_stage_ops.attach(c->tcp, peer, fd, outgoing, epoch);
+	return kvp_tcp_stage_ops.attach(c->tcp, peer, link, fd, outgoing, epoch);
 }
 
 /* Can x go by RDMA? Every source registered, a QP up, few enough destinations. */

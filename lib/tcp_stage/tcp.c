@@ -48,7 +48,8 @@ tcp_create(struct kvp_worker *w, void **tctx)
 	if (!t)
 		return -ENOMEM;
 	t->w = w;
-	t->nconns = 2 * (cfg->npeers ? cfg->npeers : 1);
+	t->links = cfg->tcp_conns ? cfg->tcp_conns : 1;
+	t->nconns = 2 * (cfg->npeers ? cfg->npeers : 1) * t->links;
 	t->iov_max = 2 * cfg->tcp_send_iov;
 	t->frame_max = cfg->tcp_frame_max;
 	t->zerocopy = cfg->tcp_zerocopy;
@@ -72,8 +73,9 @@ tcp_create(struct kvp_worker *w, void **tctx)
 		c->fd = -1;
 		c->rx_stage = -1;
 		c->id = i;
-		c->peer = (uint16_t)(i / 2);
-		c->outgoing = (i % 2) == 0;
+		c->peer = (uint16_t)(i / (2 * t->links));
+		c->outgoing = (i / t->links) % 2 == 0;
+		c->link = (uint8_t)(i % t->links);
 		c->txq_mask = txq - 1;
 		c->txq = rte_zmalloc_socket("kvp_txq", sizeof(*c->txq) * txq, 64, socket);
 		c->iov = rte_zmalloc_socket("kvp_iov", sizeof(*c->iov) * t->iov_max, 64, socket);
@@ -100,12 +102,12 @@ err:
 }
 
 static int
-tcp_attach(void *tctx, uint16_t peer, int fd, bool outgoing, uint64_t epoch)
+tcp_attach(void *tctx, uint16_t peer, uint8_t link, int fd, bool outgoing, uint64_t epoch)
 {
 	struct tcp_ctx *t = tctx;
-	uint32_t id = 2u * peer + (outgoing ? 0 : 1);
+	uint32_t id = conn_index(t, peer, link, outgoing);
 
-	if (id >= t->nconns)
+	if (link >= t->links || id >= t->nconns)
 		return -EINVAL;
 	struct tcp_conn *c = &t->conns[id];
 	if (c->state != CONN_FREE)
@@ -116,29 +118,55 @@ tcp_attach(void *tctx, uint16_t peer, int fd, bool outgoing, uint64_t epoch)
 	c->ops = 0;
 	c->tx_done = c->tx_head = c->tx_tail = 0;
 	c->tx_partial = 0;
-	c->send_busy = c->recv_busy = false;
+	c->send_busy = c->recv_busy = c->recv_next = false;
 	c->pend_head = c->pend_tail = NULL;
+	c->unsent = 0;
 	c->rx_start = c->rx_end = 0;
 	c->rx_state = RX_HDR;
 	c->rx_region = NULL;
 	c->rx_stage = -1;
 	c->last_rx_ns = c->last_tx_ns = c->send_ok_ns = kvp_mono_ns();
 	memset(c->rxt, 0, sizeof(*c->rxt) * (c->rxt_mask + 1));
-	KVP_LOG(INFO, tcp, "worker %u: %s connection to peer %u up (epoch %016" PRIx64 ")",
-		t->w->idx, outgoing ? "outgoing" : "incoming", peer, epoch);
-	if (t->ext)
+	KVP_LOG(INFO, tcp, "worker %u: %s link %u to peer %u up (epoch %016" PRIx64 ")",
+		t->w->idx, outgoing ? "outgoing" : "incoming", link, peer, epoch);
+	/* Link 0 carries the extension's control frames. */
+	if (t->ext && link == 0)
 		t->ext->on_conn(t->ext->arg, peer, outgoing, true);
 	return 0;
+}
+
+/*
+ * A transfer stays on one link (its END must follow its DATA): the up link
+ * with the fewest bytes still to send, ties rotated.
+ */
+static struct tcp_conn *
+pick_link(struct tcp_ctx *t, uint16_t peer)
+{
+	struct tcp_conn *best = NULL;
+	uint32_t base = conn_index(t, peer, 0, true);
+
+	for (uint32_t k = 0; k < t->links; k++) {
+		struct tcp_conn *c = &t->conns[base + (t->rr + k) % t->links];
+
+		if (c->state == CONN_UP && (!best || c->unsent < best->unsent))
+			best = c;
+	}
+	t->rr++;
+	return best;
 }
 
 static int
 tcp_post(void *tctx, struct kvp_xfer *x)
 {
 	struct tcp_ctx *t = tctx;
-	struct tcp_conn *c = &t->conns[2u * x->peer];
 
-	if (c->state != CONN_UP)
+	if (conn_index(t, x->peer, 0, true) >= t->nconns)
 		return -ENOTCONN;
+	struct tcp_conn *c = pick_link(t, x->peer);
+	if (!c)
+		return -ENOTCONN;
+	x->t_conn = (uint16_t)c->id;
+	c->unsent += x->bytes;
 	x->t_state = TX_PEND;
 	x->next = NULL;
 	if (c->pend_tail)
@@ -158,11 +186,13 @@ conn_finish_close(struct tcp_ctx *t, struct tcp_conn *c)
 	tcp_tx_reset(t, c);
 	tcp_rx_reset(t, c);
 	if (c->outgoing) {
-		/* Every transfer to this peer went over this connection. */
+		/* Its transfers, and on link 0 the extension's (their control channel). */
 		for (uint32_t i = 0; i < w->nxfers; i++) {
 			struct kvp_xfer *x = &w->xfers[i];
+			bool ext = x->t_state >= KVP_TCP_XS_EXT;
 
-			if (x->state == KVP_XS_ACTIVE && x->peer == c->peer)
+			if (x->state == KVP_XS_ACTIVE && x->peer == c->peer &&
+			    (ext ? c->link == 0 : x->t_conn == c->id))
 				kvp_worker_xfer_end(w, x, KVP_EPEER);
 		}
 	}
@@ -176,13 +206,13 @@ tcp_conn_fail(struct tcp_ctx *t, struct tcp_conn *c, const char *why)
 {
 	if (c->state != CONN_UP)
 		return;
-	KVP_LOG(WARNING, tcp, "worker %u: %s connection to peer %u closed: %s", t->w->idx,
-		c->outgoing ? "outgoing" : "incoming", c->peer, why);
+	KVP_LOG(WARNING, tcp, "worker %u: %s link %u to peer %u closed: %s", t->w->idx,
+		c->outgoing ? "outgoing" : "incoming", c->link, c->peer, why);
 	c->state = CONN_CLOSING;
 	/* Makes the in-flight send and recv return so the slot can drain. */
 	shutdown(c->fd, SHUT_RDWR);
-	kvp_worker_conn_down(t->w, c->peer, c->outgoing, why);
-	if (t->ext)
+	kvp_worker_conn_down(t->w, c->peer, c->link, c->outgoing, why);
+	if (t->ext && c->link == 0)
 		t->ext->on_conn(t->ext->arg, c->peer, c->outgoing, false);
 	if (c->ops == 0)
 		conn_finish_close(t, c);
@@ -210,6 +240,8 @@ handle_cqe(struct tcp_ctx *t, const struct io_uring_cqe *cqe)
 		tcp_send_done(t, c, (cqe->flags & IORING_CQE_F_NOTIF) ? c->zc_res : cqe->res);
 	else if (op == UOP_RECV)
 		tcp_recv_done(t, c, cqe->res);
+	else if (op == UOP_RECV_NEXT)
+		tcp_recv_next_done(t, c, cqe->res);
 	if (c->state == CONN_CLOSING && c->ops == 0)
 		conn_finish_close(t, c);
 }
@@ -264,8 +296,8 @@ tcp_progress(void *tctx)
 		t->next_tick_ns = now + t->peer_ns / 16;
 		liveness(t, now);
 		if (t->stage_blocked) {
-			for (uint32_t i = 0; i < t->nconns; i += 2)
-				if (t->conns[i].state == CONN_UP)
+			for (uint32_t i = 0; i < t->nconns; i++)
+				if (t->conns[i].state == CONN_UP && t->conns[i].outgoing)
 					tcp_tx_admission(t, &t->conns[i], now);
 			t->stage_blocked = false;
 		}
@@ -294,7 +326,8 @@ tcp_cancel(void *tctx, struct kvp_xfer *x, int status)
 {
 	struct tcp_ctx *t = tctx;
 
-	tcp_tx_cancel(t, &t->conns[2u * x->peer], x, status);
+	if (x->t_conn < t->nconns)
+		tcp_tx_cancel(t, &t->conns[x->t_conn], x, status);
 }
 
 static int
@@ -314,10 +347,10 @@ tcp_disconnect(void *tctx, uint16_t peer)
 {
 	struct tcp_ctx *t = tctx;
 
-	if (2u * peer + 1 >= t->nconns)
+	if (conn_index(t, peer, 0, true) >= t->nconns)
 		return;
-	tcp_conn_fail(t, &t->conns[2u * peer], "disconnect requested");
-	tcp_conn_fail(t, &t->conns[2u * peer + 1], "disconnect requested");
+	for (uint32_t i = 0; i < 2 * t->links; i++)
+		tcp_conn_fail(t, &t->conns[conn_index(t, peer, 0, true) + i], "disconnect requested");
 }
 
 void
@@ -326,10 +359,11 @@ kvp_tcp_set_ext(void *tctx, const struct kvp_tcp_ext *ext)
 	((struct tcp_ctx *)tctx)->ext = ext;
 }
 
+/* The extension's channel: link 0. */
 static struct tcp_conn *
 conn_of(struct tcp_ctx *t, uint16_t peer, bool outgoing)
 {
-	uint32_t id = 2u * peer + (outgoing ? 0 : 1);
+	uint32_t id = conn_index(t, peer, 0, outgoing);
 
 	return id < t->nconns ? &t->conns[id] : NULL;
 }

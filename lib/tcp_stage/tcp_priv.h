@@ -16,6 +16,8 @@
 
 /* Payloads at least this large skip the staging buffer and land by direct recv. */
 #define DIRECT_RECV_MIN (64u << 10)
+/* Bytes the recv linked behind a direct one asks for: the next header and a little more. */
+#define RECV_NEXT_LEN (4u << 10)
 #define NO_XFER		UINT32_MAX
 
 enum conn_state {
@@ -27,6 +29,7 @@ enum conn_state {
 enum uop {
 	UOP_SEND = 1,
 	UOP_RECV = 2,
+	UOP_RECV_NEXT = 3, /* linked after a direct recv: what follows, into rxbuf */
 };
 
 /* Transport-private transfer progress (kvp_xfer.t_state). */
@@ -81,6 +84,7 @@ struct tcp_conn {
 	enum conn_state state;
 	int fd;
 	uint16_t peer;
+	uint8_t link;
 	bool outgoing;
 	uint32_t id;
 	uint64_t epoch;
@@ -102,6 +106,7 @@ struct tcp_conn {
 	struct msghdr msg;
 	struct kvp_xfer *pend_head; /* transfers still being framed */
 	struct kvp_xfer *pend_tail;
+	uint64_t unsent; /* payload bytes posted here and not yet sent: picks links */
 
 	/* Receive side. */
 	uint8_t *rxbuf;
@@ -109,6 +114,8 @@ struct tcp_conn {
 	uint32_t rx_start;
 	uint32_t rx_end;
 	bool recv_busy;
+	bool recv_direct; /* the recv in flight lands at rx_dst, not in rxbuf */
+	bool recv_next;	  /* a UOP_RECV_NEXT is linked behind it */
 	enum rx_state rx_state;
 	struct kvp_wire_hdr rx_hdr;
 	struct rx_entry *rx_ent;
@@ -125,8 +132,11 @@ struct tcp_conn {
 struct tcp_ctx {
 	struct kvp_worker *w;
 	struct io_uring ring;
-	struct tcp_conn *conns; /* 2 per peer: [2p] outgoing, [2p+1] incoming */
+	/* Per peer: links outgoing, then links incoming (conn_index()). */
+	struct tcp_conn *conns;
 	uint32_t nconns;
+	uint32_t links;
+	uint32_t rr; /* rotates ties between equally loaded links */
 	uint32_t iov_max;
 	uint32_t frame_max;
 	bool zerocopy;
@@ -163,6 +173,12 @@ tcp_udata(const struct tcp_conn *c, enum uop op)
 }
 
 static inline uint32_t
+conn_index(const struct tcp_ctx *t, uint16_t peer, uint32_t link, bool outgoing)
+{
+	return (2u * peer + (outgoing ? 0 : 1)) * t->links + link;
+}
+
+static inline uint32_t
 txq_used(const struct tcp_conn *c)
 {
 	return c->tx_tail - c->tx_done;
@@ -196,6 +212,7 @@ void tcp_tx_admission(struct tcp_ctx *t, struct tcp_conn *c, uint64_t now);
 /* tcp_rx.c */
 int tcp_start_recv(struct tcp_ctx *t, struct tcp_conn *c);
 void tcp_recv_done(struct tcp_ctx *t, struct tcp_conn *c, int res);
+void tcp_recv_next_done(struct tcp_ctx *t, struct tcp_conn *c, int res);
 int tcp_process_rx(struct tcp_ctx *t, struct tcp_conn *c);
 void tcp_rx_reset(struct tcp_ctx *t, struct tcp_conn *c);
 

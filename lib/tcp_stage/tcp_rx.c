@@ -20,6 +20,8 @@ tcp_start_recv(struct tcp_ctx *t, struct tcp_conn *c)
 	if (c->rx_state == RX_DIRECT) {
 		buf = c->rx_dst;
 		len = c->rx_win;
+		/* Direct mode starts with rxbuf drained (tcp_process_rx). */
+		c->rx_start = c->rx_end = 0;
 	} else {
 		if (c->rx_start == c->rx_end) {
 			c->rx_start = c->rx_end = 0;
@@ -39,6 +41,25 @@ tcp_start_recv(struct tcp_ctx *t, struct tcp_conn *c)
 	io_uring_prep_recv(sqe, c->fd, buf, len, c->rx_state == RX_DIRECT ? MSG_WAITALL : 0);
 	io_uring_sqe_set_data64(sqe, tcp_udata(c, UOP_RECV));
 	c->recv_busy = true;
+	c->recv_direct = c->rx_state == RX_DIRECT;
+	c->ops++;
+	if (c->rx_state != RX_DIRECT)
+		return 1;
+	/*
+	 * The next header is read by a recv linked behind the payload's, so
+	 * the kernel starts it without a round trip through this loop. It is
+	 * kept short: after a large payload the next frame is likely large
+	 * too, and its payload should land directly, not through rxbuf. A
+	 * failed or short payload recv cancels it.
+	 */
+	struct io_uring_sqe *next = tcp_sqe(t);
+	if (!next)
+		return 1;
+	sqe->flags |= IOSQE_IO_LINK;
+	io_uring_prep_recv(next, c->fd, c->rxbuf, c->rx_cap < RECV_NEXT_LEN ? c->rx_cap : RECV_NEXT_LEN,
+			   0);
+	io_uring_sqe_set_data64(next, tcp_udata(c, UOP_RECV_NEXT));
+	c->recv_next = true;
 	c->ops++;
 	return 1;
 }
@@ -94,10 +115,19 @@ landed(struct tcp_ctx *t, struct tcp_conn *c, uint64_t n)
 		window_full(t, c);
 }
 
+/* @p n bytes arrived in rxbuf; a body waiting for a direct recv takes them first. */
+static void
+rxbuf_filled(struct tcp_conn *c, int n)
+{
+	c->rx_end += (uint32_t)n;
+	if (c->rx_state == RX_DIRECT)
+		c->rx_state = RX_BODY;
+}
+
 void
 tcp_recv_done(struct tcp_ctx *t, struct tcp_conn *c, int res)
 {
-	c->recv_busy = false;
+	c->recv_busy = c->recv_next; /* the linked recv, if any, is still to come */
 	if (c->state != CONN_UP)
 		return;
 	if (res <= 0) {
@@ -105,11 +135,27 @@ tcp_recv_done(struct tcp_ctx *t, struct tcp_conn *c, int res)
 		return;
 	}
 	c->last_rx_ns = kvp_mono_ns();
-	if (c->rx_state == RX_DIRECT) {
+	if (c->recv_direct) {
 		landed(t, c, (uint64_t)res);
 		return;
 	}
-	c->rx_end += (uint32_t)res;
+	rxbuf_filled(c, res);
+}
+
+void
+tcp_recv_next_done(struct tcp_ctx *t, struct tcp_conn *c, int res)
+{
+	c->recv_next = false;
+	c->recv_busy = false;
+	/* Cancelled: the payload recv before it fell short; the loop asks again. */
+	if (c->state != CONN_UP || res == -ECANCELED)
+		return;
+	if (res <= 0) {
+		tcp_conn_fail(t, c, res == 0 ? "closed by peer" : strerror(-res));
+		return;
+	}
+	c->last_rx_ns = kvp_mono_ns();
+	rxbuf_filled(c, res);
 }
 
 /* @return false if the payload must wait for a receive staging buffer. */
@@ -257,7 +303,7 @@ hdr_ok(struct tcp_ctx *t, struct tcp_conn *c, const struct kvp_wire_hdr *h)
 
 	if (rc < 0 || h->type == KVP_W_HELLO || (h->type == KVP_W_ACK && !c->outgoing) ||
 	    (h->type == KVP_W_DATA && c->outgoing) ||
-	    (is_ext(h->type) && (!t->ext || !ext_direction_ok(c, h->type)))) {
+	    (is_ext(h->type) && (!t->ext || c->link != 0 || !ext_direction_ok(c, h->type)))) {
 		KVP_STAT_ADD(ps->bad_frames, 1);
 		tcp_conn_fail(t, c, rc < 0 ? "malformed frame" : "unexpected frame type");
 		return false;
@@ -361,8 +407,11 @@ tcp_process_rx(struct tcp_ctx *t, struct tcp_conn *c)
 			c->rx_start += n;
 			landed(t, c, n);
 			if (c->rx_state == RX_BODY && c->rx_start == c->rx_end) {
-				/* The rest of the window comes straight from the socket. */
-				if (c->rx_win >= DIRECT_RECV_MIN)
+				/*
+				 * The rest of the window comes straight from the
+				 * socket, once no recv into rxbuf is in flight.
+				 */
+				if (c->rx_win >= DIRECT_RECV_MIN && !c->recv_busy)
 					c->rx_state = RX_DIRECT;
 				return work + 1;
 			}
@@ -390,6 +439,6 @@ tcp_rx_reset(struct tcp_ctx *t, struct tcp_conn *c)
 {
 	body_done(t, c);
 	c->rx_start = c->rx_end = 0;
-	c->recv_busy = false;
+	c->recv_busy = c->recv_next = false;
 	c->rx_left = 0;
 }

@@ -115,6 +115,17 @@ frame_data(struct tcp_ctx *t, struct tcp_conn *c, struct kvp_xfer *x)
 	return true;
 }
 
+/* Bytes of x not framed yet. */
+static uint64_t
+unframed(const struct kvp_xfer *x)
+{
+	uint64_t n = 0;
+
+	for (uint32_t i = x->t_seg; i < x->nseg; i++)
+		n += x->segs[i].len;
+	return n - (x->t_seg < x->nseg ? x->t_off : 0);
+}
+
 static void
 pend_pop(struct tcp_conn *c)
 {
@@ -162,6 +173,7 @@ tcp_fill_tx(struct tcp_ctx *t, struct tcp_conn *c)
 
 		if (x->status != KVP_OK) {
 			/* Cancelled mid-framing: tell the receiver to forget the tag. */
+			c->unsent -= unframed(x);
 			push_frame(c, KVP_W_ABORT, 0, kvp_xfer_tag(x), x->idx);
 			x->t_frames++;
 			x->t_state = TX_DRAIN;
@@ -197,8 +209,11 @@ frame_sent(struct tcp_ctx *t, struct tcp_conn *c, struct tx_frame *f, uint64_t n
 	struct kvp_worker *w = t->w;
 	struct kvp_peer_stats *ps = &w->stats.peer[c->peer];
 
-	if (f->hdr.type == KVP_W_DATA)
+	if (f->hdr.type == KVP_W_DATA) {
+		c->unsent -= f->hdr.len;
 		KVP_STAT_ADD(ps->tx_bytes, f->hdr.len);
+		KVP_STAT_ADD(ps->link_tx_bytes[c->link], f->hdr.len);
+	}
 	KVP_STAT_ADD(ps->tx_frames, 1);
 	if (f->stage >= 0) {
 		stage_put(&t->stage, &w->stats, f->stage);
@@ -332,6 +347,7 @@ tcp_tx_cancel(struct tcp_ctx *t, struct tcp_conn *c, struct kvp_xfer *x, int sta
 				*pp = x->next;
 				if (c->pend_tail == x)
 					c->pend_tail = prev;
+				c->unsent -= x->bytes;
 			}
 			kvp_worker_xfer_end(w, x, status);
 			return;
@@ -355,6 +371,7 @@ tcp_tx_cancel(struct tcp_ctx *t, struct tcp_conn *c, struct kvp_xfer *x, int sta
 				stage_put(&t->stage, &w->stats, f->stage);
 				f->stage = -1;
 			}
+			c->unsent -= f->hdr.len;
 			f->payload = NULL;
 			f->hdr.type = KVP_W_ABORT;
 			f->hdr.len = 0;
@@ -381,6 +398,7 @@ tcp_tx_reset(struct tcp_ctx *t, struct tcp_conn *c)
 	c->tx_partial = 0;
 	c->send_busy = false;
 	c->pend_head = c->pend_tail = NULL;
+	c->unsent = 0;
 }
 
 /*

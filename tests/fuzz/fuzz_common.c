@@ -156,10 +156,11 @@ stub_destroy(void *tctx)
 }
 
 static int
-stub_attach(void *tctx, uint16_t peer, int fd, bool outgoing, uint64_t epoch)
+stub_attach(void *tctx, uint16_t peer, uint8_t link, int fd, bool outgoing, uint64_t epoch)
 {
 	(void)tctx;
 	(void)peer;
+	(void)link;
 	(void)fd;
 	(void)outgoing;
 	(void)epoch;

@@ -82,7 +82,7 @@ check_posted(const struct kvp_xfer *x)
 	FUZZ_ASSERT(x->chan == cur_chan, "transfer of an unknown channel");
 	FUZZ_ASSERT(x->nseg >= 1 && x->nseg <= node.cfg.max_segments, "nseg %u", x->nseg);
 	FUZZ_ASSERT(x->peer < node.cfg.npeers, "peer %u not configured", x->peer);
-	FUZZ_ASSERT(w->peer_up[x->peer], "posted to a peer that is down");
+	FUZZ_ASSERT(w->peer_links[x->peer], "posted to a peer that is down");
 	for (uint32_t i = 0; i < x->nseg; i++) {
 		const struct kvp_seg *s = &x->segs[i];
 
@@ -520,7 +520,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	nbuilt = 0;
 	npend = 0;
 	cur_in = &in;
-	w->peer_up[0] = true;
+	w->peer_links[0] = 1;
 
 	c.ch = calloc(1, sizeof(*c.ch));
 	void *mem = aligned_alloc(4096, len);
@@ -578,7 +578,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 				timers(kvp_mono_ns() + 3600ull * 1000000000);
 				break;
 			default:
-				w->peer_up[0] = !w->peer_up[0];
+				w->peer_links[0] = !w->peer_links[0];
 				break;
 			}
 			break;

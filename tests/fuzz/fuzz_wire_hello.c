@@ -45,9 +45,10 @@ static bool attached_out;
 static struct kvp_transport_ops stub_ops;
 
 static int
-stub_attach(void *tctx, uint16_t peer, int fd, bool outgoing, uint64_t epoch)
+stub_attach(void *tctx, uint16_t peer, uint8_t link, int fd, bool outgoing, uint64_t epoch)
 {
 	(void)tctx;
+	(void)link;
 	(void)epoch;
 	FUZZ_ASSERT(attached_peer < 0, "two connections handed over for one handshake");
 	attached_peer = peer;
@@ -149,7 +150,8 @@ acceptable_hello(const uint8_t *buf, size_t have, bool secret)
 	int idx = kvp_config_peer_index(&node.cfg, m.node_id);
 	if (idx < 0 || strcmp(m.to_node, node.cfg.node_id) != 0 ||
 	    m.max_inflight > node.cfg.max_inflight || m.frame_max > node.cfg.tcp_frame_max ||
-	    secret != ((m.flags & KVP_HELLO_F_AUTH) != 0))
+	    secret != ((m.flags & KVP_HELLO_F_AUTH) != 0) ||
+	    KVP_HELLO_LINK(m.flags) >= node.cfg.tcp_conns)
 		return -1;
 	return idx;
 }
@@ -255,7 +257,7 @@ run_acceptor(struct fuzz_in *in, bool secret)
 			     node.cfg.node_id, mac);
 			FUZZ_ASSERT(memcmp(mac, proof.mac, 32) == 0, "accepted a wrong proof");
 		}
-		node.peers[attached_peer].in_up = false;
+		node.peers[attached_peer].in_up = 0;
 	}
 }
 
@@ -280,6 +282,10 @@ run_dialer(struct fuzz_in *in, bool secret, uint16_t i)
 	/* Where kvp_peer_out_event() stands after connecting and sending our HELLO. */
 	p->out_fd = sp[0];
 	p->out_state = KVP_LINK_HELLO;
+	/* One link, so a handover leaves nothing else to dial. */
+	p->links = 1;
+	p->out_link = 0;
+	p->out_up = 0;
 	p->have = 0;
 	p->epoch = 0x5a5a5a5a5a5a5a5aull;
 	memcpy(p->nonce, fixed_nonce, sizeof(p->nonce));
@@ -324,7 +330,8 @@ run_dialer(struct fuzz_in *in, bool secret, uint16_t i)
 		FUZZ_ASSERT(p->out_state == KVP_LINK_DOWN && p->out_fd < 0,
 			    "failed handshake left state %d fd %d", p->out_state, p->out_fd);
 	}
-	w->peer_up[i] = false;
+	w->peer_links[i] = 0;
+	p->out_up = 0;
 	p->out_state = KVP_LINK_DOWN;
 	p->out_fd = -1;
 	p->last_error[0] = '\0';

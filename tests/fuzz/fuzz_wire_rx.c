@@ -207,13 +207,13 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	FUZZ_ASSERT(c->state == CONN_FREE, "connection slot still busy from the last input");
 	FUZZ_ASSERT(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp) == 0, "socketpair");
 	/* What the worker does with a CONN_ADD from the handshake. */
-	FUZZ_ASSERT(w->tops->attach(w->tctx, 0, sp[0], outgoing, 0x5a5a5a5a5a5a5a5aull) == 0,
+	FUZZ_ASSERT(w->tops->attach(w->tctx, 0, 0, sp[0], outgoing, 0x5a5a5a5a5a5a5a5aull) == 0,
 		    "attach");
 	/* Every slot is free between inputs: restart generations so tags repeat (ACK tag 0). */
 	for (uint32_t i = 0; i < w->nxfers; i++)
 		w->xfers[i].gen = 0;
 	if (outgoing) {
-		w->peer_up[0] = true;
+		w->peer_links[0] = 1;
 		submit_one();
 	}
 	settle(c, sp[1], 64);
@@ -245,7 +245,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		    "(rx_state %d, ops %u)",
 		    c->rx_state, c->ops);
 	close(sp[1]);
-	w->peer_up[0] = false;
+	w->peer_links[0] = 0;
 	kvp_worker_inbox(w);
 	fuzz_drain_outbox(&node, 0, &ob);
 	FUZZ_ASSERT(ob.conn_down >= 1, "closed connection not reported to the main lcore");

@@ -227,11 +227,14 @@ KVP_EAL+=("${KVP_EAL_EXTRA_ARR[@]}")
 
 # start_daemon NODE_ID NS: starts kvproxyd in the background (NS empty: on
 # the host); its pid goes to DPID[NODE_ID], its output to $KVP_TMP/NODE_ID.log.
+# KVP_EAL_DECODE: EAL words for decode* daemons only (the benchmarks put
+# their worker lcores on different CPUs, as on two hosts).
 declare -A DPID=()
 start_daemon() {
-	local id=$1 ns=$2 logf="$KVP_TMP/$1.log"
+	local id=$1 ns=$2 logf="$KVP_TMP/$1.log" extra=()
 	KVP_DAEMON_LOGS+=("$logf")
-	spawn "$ns" "$logf" - "$KVPROXYD" "${KVP_EAL[@]}" -- -c "$KVP_TMP/$id.conf"
+	[[ $id == decode* ]] && read -r -a extra <<<"${KVP_EAL_DECODE:-}"
+	spawn "$ns" "$logf" - "$KVPROXYD" "${KVP_EAL[@]}" "${extra[@]}" -- -c "$KVP_TMP/$id.conf"
 	DPID[$id]=$SPAWNED
 	log "started kvproxyd $id (pid ${DPID[$id]}${ns:+, netns $ns})"
 }
@@ -264,11 +267,12 @@ wait_admin() {
 	fail "kvproxyd $id: admin socket did not answer 'status' within ${2:-60}s"
 }
 
-# peer_state NODE_ID PEER_ID: prints the state kvproxyctl peers reports.
+# peer_state NODE_ID PEER_ID: prints the state kvproxyctl peers reports,
+# "up" only once every link (tcp.connections) is up, else "up (N of M links)".
 peer_state() {
 	local f="$KVP_TMP/peers.json"
 	if ctl "$1" --json peers >"$f" 2>/dev/null; then
-		json_get "$f" "peer('$2').get('state', '?')" 2>/dev/null || echo "absent"
+		json_get "$f" "(lambda p: p['state'] if p['state'] != 'up' or p.get('links_up', 1) >= p.get('links', 1) else 'up (%d of %d links)' % (p['links_up'], p['links']))(peer('$2'))" 2>/dev/null || echo "absent"
 	else
 		echo "no answer"
 	fi
