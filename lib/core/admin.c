@@ -70,6 +70,7 @@ admin_gather(const struct kvp_node *n, struct totals *t)
 		t->landed += KVP_STAT_READ(s->xfers_landed);
 		t->hwm += KVP_STAT_READ(s->inflight_hwm);
 		t->stage_bufs += KVP_STAT_READ(s->stage_bufs);
+		t->fixed_bufs += KVP_STAT_READ(s->fixed_bufs);
 		t->stage_used += KVP_STAT_READ(s->stage_used);
 		t->stage_hwm += KVP_STAT_READ(s->stage_hwm);
 		t->stage_waits += KVP_STAT_READ(s->stage_waits);
@@ -269,11 +270,12 @@ m_stats(struct kvp_node *n, json_t *params, struct rpc_err *e)
 				   "bad_handshakes", (json_int_t)n->bad_handshakes, "auth_failures",
 				   (json_int_t)n->auth_failures, "inflight_hwm", (json_int_t)t.hwm,
 				   "inflight_max", (int)(n->cfg.max_inflight * n->nworkers));
-	json_t *stage = json_pack("{s:I, s:I, s:I, s:I, s:I, s:b}", "buffers",
+	json_t *stage = json_pack("{s:I, s:I, s:I, s:I, s:I, s:b, s:I}", "buffers",
 				  (json_int_t)t.stage_bufs, "buffer_bytes",
 				  (json_int_t)n->cfg.stage_buf, "in_use", (json_int_t)t.stage_used,
 				  "high_water", (json_int_t)t.stage_hwm, "waits",
-				  (json_int_t)t.stage_waits, "host", n->cfg.stage_host);
+				  (json_int_t)t.stage_waits, "host", n->cfg.stage_host,
+				  "registered_buffers", (json_int_t)t.fixed_bufs);
 	const struct kvp_admin_stats *as = &n->admin_stats;
 	json_t *refused = json_pack("{s:I, s:I}", "credentials",
 				    (json_int_t)n->clients_refused_cred, "limit",

@@ -34,6 +34,7 @@ struct totals {
 	uint64_t done;
 	uint64_t hwm;
 	uint64_t stage_bufs;
+	uint64_t fixed_bufs;
 	uint64_t stage_used;
 	uint64_t stage_hwm;
 	uint64_t stage_waits;

@@ -82,6 +82,7 @@ static const struct conf_row rows[] = {
 	U32("tcp.send_iov", tcp_send_iov, 2, 512, 64),
 	U32("tcp.connections", tcp_conns, 1, KVP_LINKS_MAX, 2),
 	{ "tcp.zerocopy", CT_BOOL, F(tcp_zerocopy), 0, 0, 0, NULL, 0 },
+	{ "tcp.fixed_buffers", CT_BOOL, F(tcp_fixed), 0, 0, 1, NULL, 0 },
 	U32("stage.pool", stage_pool, 65536, 1u << 31, 64u << 20),
 	U32("stage.buffer", stage_buf, 4096, 1u << 28, 1u << 20),
 	{ "stage.host", CT_BOOL, F(stage_host), 0, 0, 0, NULL, 0 },

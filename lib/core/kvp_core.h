@@ -154,6 +154,7 @@ struct kvp_config {
 	uint32_t tcp_send_iov;
 	uint32_t tcp_conns;	/**< TCP connections per peer and direction (links) */
 	bool tcp_zerocopy;	/**< IORING_OP_SENDMSG_ZC instead of copying sends */
+	bool tcp_fixed;		/**< receive buffers as io_uring registered buffers (read_fixed) */
 	uint32_t stage_pool;	/**< bytes of staging buffers per worker */
 	uint32_t stage_buf;	/**< bytes per staging buffer */
 	bool stage_host;	/**< stage host regions too (no zero-copy) */
@@ -583,6 +584,7 @@ struct kvp_worker_stats {
 	uint64_t xfers_landed;
 	uint64_t inflight_hwm; /**< most transfer slots ever in use at once */
 	uint64_t stage_bufs;   /**< staging buffers (tx + rx shares) */
+	uint64_t fixed_bufs;   /**< io_uring registered buffers (0: plain recv/send) */
 	uint64_t stage_used;
 	uint64_t stage_hwm;
 	uint64_t stage_waits;  /**< times framing or landing waited for a buffer */

@@ -37,6 +37,36 @@ tcp_destroy(void *tctx)
 	rte_free(t);
 }
 
+/*
+ * Register every connection's rxbuf with the ring, once: the reads of
+ * headers and small payloads into them then skip per-op page pinning.
+ * Refused (e.g. RLIMIT_MEMLOCK): plain recv.
+ */
+static void
+register_fixed(struct tcp_ctx *t)
+{
+	struct iovec *iov = calloc(t->nconns, sizeof(*iov));
+	int rc;
+
+	if (!iov) {
+		KVP_LOG(WARNING, tcp, "worker %u: no memory to register buffers", t->w->idx);
+		return;
+	}
+	for (uint32_t i = 0; i < t->nconns; i++) {
+		iov[i].iov_base = t->conns[i].rxbuf;
+		iov[i].iov_len = t->conns[i].rx_cap;
+	}
+	rc = io_uring_register_buffers(&t->ring, iov, t->nconns);
+	free(iov);
+	if (rc < 0) {
+		KVP_LOG(WARNING, tcp, "worker %u: io_uring buffer registration refused (%s): plain recv",
+			t->w->idx, strerror(-rc));
+		return;
+	}
+	t->fixed = true;
+	KVP_STAT_SET(t->w->stats.fixed_bufs, t->nconns);
+}
+
 static int
 tcp_create(struct kvp_worker *w, void **tctx)
 {
@@ -94,6 +124,8 @@ tcp_create(struct kvp_worker *w, void **tctx)
 		t->ring.ring_fd = -1;
 		goto err;
 	}
+	if (cfg->tcp_fixed)
+		register_fixed(t);
 	*tctx = t;
 	return 0;
 err:

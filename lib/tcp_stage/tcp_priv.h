@@ -140,6 +140,7 @@ struct tcp_ctx {
 	uint32_t iov_max;
 	uint32_t frame_max;
 	bool zerocopy;
+	bool fixed;	   /* rxbufs are registered io_uring buffers */
 	uint32_t sqes; /* prepared since the last submit */
 	uint64_t next_tick_ns;
 	struct stage_pool stage;

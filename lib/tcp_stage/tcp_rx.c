@@ -38,7 +38,15 @@ tcp_start_recv(struct tcp_ctx *t, struct tcp_conn *c)
 	struct io_uring_sqe *sqe = tcp_sqe(t);
 	if (!sqe)
 		return 0;
-	io_uring_prep_recv(sqe, c->fd, buf, len, c->rx_state == RX_DIRECT ? MSG_WAITALL : 0);
+	/*
+	 * Into rxbuf (registered) by read_fixed. Payload windows, staged or
+	 * not, by recv with WAITALL: read_fixed has no WAITALL, and the
+	 * completions of its short reads cost more than pinning saves.
+	 */
+	if (t->fixed && c->rx_state != RX_DIRECT)
+		io_uring_prep_read_fixed(sqe, c->fd, buf, (unsigned)len, 0, c->id);
+	else
+		io_uring_prep_recv(sqe, c->fd, buf, len, c->rx_state == RX_DIRECT ? MSG_WAITALL : 0);
 	io_uring_sqe_set_data64(sqe, tcp_udata(c, UOP_RECV));
 	c->recv_busy = true;
 	c->recv_direct = c->rx_state == RX_DIRECT;
@@ -56,8 +64,11 @@ tcp_start_recv(struct tcp_ctx *t, struct tcp_conn *c)
 	if (!next)
 		return 1;
 	sqe->flags |= IOSQE_IO_LINK;
-	io_uring_prep_recv(next, c->fd, c->rxbuf, c->rx_cap < RECV_NEXT_LEN ? c->rx_cap : RECV_NEXT_LEN,
-			   0);
+	unsigned nlen = c->rx_cap < RECV_NEXT_LEN ? c->rx_cap : RECV_NEXT_LEN;
+	if (t->fixed)
+		io_uring_prep_read_fixed(next, c->fd, c->rxbuf, nlen, 0, c->id);
+	else
+		io_uring_prep_recv(next, c->fd, c->rxbuf, nlen, 0);
 	io_uring_sqe_set_data64(next, tcp_udata(c, UOP_RECV_NEXT));
 	c->recv_next = true;
 	c->ops++;

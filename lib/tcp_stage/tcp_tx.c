@@ -359,8 +359,14 @@ tcp_tx_cancel(struct tcp_ctx *t, struct tcp_conn *c, struct kvp_xfer *x, int sta
 	default:
 		return;
 	}
-	/* Frames not yet handed to the kernel are dropped; END becomes ABORT. */
-	for (uint32_t i = c->tx_head; i != c->tx_tail; i++) {
+	/*
+	 * Frames not yet handed to the kernel are dropped; END becomes ABORT.
+	 * A partly sent frame (tx_done with tx_partial) stays whole.
+	 */
+	uint32_t from = c->tx_head;
+	if (from == c->tx_done && c->tx_partial)
+		from++;
+	for (uint32_t i = from; i != c->tx_tail; i++) {
 		struct tx_frame *f = frame_at(c, i);
 
 		if (f->xfer != x->idx || f->hdr.tag != kvp_xfer_tag(x))

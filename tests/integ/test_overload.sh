@@ -71,6 +71,8 @@ done
 stats_json prefill0 >"$KVP_TMP/p.stats"
 json_check "$KVP_TMP/p.stats" "d['staging']['high_water'] <= d['staging']['buffers'] and d['staging']['waits'] > 0" \
 	"prefill0: the pool must have run dry and never grown"
+json_check "$KVP_TMP/p.stats" "d['staging']['registered_buffers'] > 0" \
+	"prefill0: receive buffers registered with io_uring (tcp.fixed_buffers)"
 [[ $(memcg_ooms) -eq 0 ]] || fail "kvproxyd was OOM-killed in its memory cgroup"
 daemon_alive prefill0 || fail "prefill0 died under overload"
 log "memory cgroup peak $(memcg_peak) of $CAP bytes; no OOM kill"
