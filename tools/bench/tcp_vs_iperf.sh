@@ -6,10 +6,10 @@
 #   tools/bench/tcp_vs_iperf.sh [BUILD_DIR] [--size BYTES] [--reps N] [--json FILE]
 #                               [--conf 'EXTRA CONFIG', e.g. 'tcp = { zerocopy = true; };']
 #
-# For each segment size kvproxy-bench moves --size bytes --reps times;
-# iperf3 runs 5 s --reps times single-stream and again with as many streams
-# as kvproxy has connections to its peer (tcp.connections). Best runs kept;
-# each kvproxy figure is printed as a ratio of both.
+# --reps rounds, interleaved: iperf3 for 5 s single-stream and with as many
+# streams as kvproxy has connections to its peer (tcp.connections), then
+# kvproxy-bench moving --size bytes per segment size and the KV pattern.
+# Best and median of each series; kvproxy figures as ratios of both iperf3s.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -40,94 +40,93 @@ require_netns
 require_bins
 command -v iperf3 >/dev/null || setup_fail "iperf3 is not installed (apt-get install iperf3)"
 init_test
+# Both daemons get EAL lcores 0,1; on one host their workers would share a
+# CPU. The decode daemon's main lcore goes to CPU 1 so its worker runs on 0,
+# as two hosts would have it (override with KVP_EAL_DECODE).
+export KVP_EAL_DECODE=${KVP_EAL_DECODE---main-lcore 1}
 start_pair 91 "$EXTRA_CONF"
 
 links=$(ctl prefill0 --json peers | python3 -c 'import json,sys; print(json.load(sys.stdin)["peers"][0]["links_up"])')
 log "kvproxy: $links TCP connection(s) to the peer (tcp.connections)"
 
 spawn "$NS_D" "$KVP_TMP/iperf3-server.log" - iperf3 -s -B "$ADDR_D" -p 5201
-ipsrv=$SPAWNED
-# run_iperf STREAMS: sets best to the best Gbit/s of $REPS 5 s runs.
-run_iperf() {
-	local r g dl
-	best=0
-	for ((r = 0; r < REPS; r++)); do
-		dl=$(deadline_in 20)
-		# The server may not listen yet: retry until a run reports a result.
-		until in_ns "$NS_P" iperf3 -c "$ADDR_D" -p 5201 -t 5 -P "$1" -J >"$KVP_TMP/iperf3.json" 2>/dev/null &&
-			grep -q '"sum_received"' "$KVP_TMP/iperf3.json"; do
-			before "$dl" || setup_fail "iperf3 client could not reach the server"
-			sleep "$KVP_POLL"
-		done
-		g=$(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print("%.3f" % (d["end"]["sum_received"]["bits_per_second"]/1e9))' "$KVP_TMP/iperf3.json")
-		log "iperf3 -P $1 run $r: $g Gbit/s"
-		best=$(awk -v a="$best" -v b="$g" 'BEGIN { print (b > a) ? b : a }')
-	done
-}
-run_iperf 1
-iperf_gbps=$best
-iperf_multi=$iperf_gbps
-if ((links > 1)); then
-	run_iperf "$links"
-	iperf_multi=$best
-fi
-stop_pid "$ipsrv" 5 || true
-untrack "$ipsrv"
-log "iperf3: $iperf_gbps Gbit/s single stream, $iperf_multi Gbit/s with $links streams"
+# record NAME GBPS: one sample of a series.
+record() { echo "$2" >>"$KVP_TMP/series.$1"; }
 
-# run_kvp SEG EXTRA...: sets best to the best Gbit/s of $REPS runs of SEG-byte segments.
-run_kvp() {
-	local seg=$1 r g key dpid
-	shift
-	best=0
-	for ((r = 0; r < REPS; r++)); do
-		key="$KVP_TMP/key.$seg.$r"
-		spawn "$NS_D" "$KVP_TMP/decode.out" - "$KVPROXY_BENCH" decode -s "$(sock_of decode0)" \
-			--size "$SIZE" --seed "$r" --key-file "$key" --min-seg "$seg" --max-seg "$seg" \
-			--timeout 300 "$@"
-		dpid=$SPAWNED
-		in_ns "$NS_P" "$KVPROXY_BENCH" prefill -s "$(sock_of prefill0)" --peer decode0 \
-			--key-file "$key" --size "$SIZE" --seed "$r" --min-seg "$seg" --max-seg "$seg" \
-			--inflight 8 --json "$@" >"$KVP_TMP/prefill.json" ||
-			fail "prefill run failed (segment $seg $*)"
-		wait_pid "$dpid" 300 || fail "decode client did not verify the data (segment $seg)"
-		g=$(json_get "$KVP_TMP/prefill.json" 'd["gbps"]')
-		stats_json prefill0 >"$KVP_TMP/stats.json"
-		log "segment $seg $* run $r: $g Gbit/s (bytes per link so far: $(json_get "$KVP_TMP/stats.json" 'd["peers"][0]["link_tx_bytes"]'))"
-		best=$(awk -v a="$best" -v b="$g" 'BEGIN { print (b > a) ? b : a }')
+# iperf STREAMS: one 5 s run, recorded as iperf3-P<STREAMS>.
+iperf() {
+	local g dl
+	dl=$(deadline_in 20)
+	# The server may not listen yet: retry until a run reports a result.
+	until in_ns "$NS_P" iperf3 -c "$ADDR_D" -p 5201 -t 5 -P "$1" -J >"$KVP_TMP/iperf3.json" 2>/dev/null &&
+		grep -q '"sum_received"' "$KVP_TMP/iperf3.json"; do
+		before "$dl" || setup_fail "iperf3 client could not reach the server"
+		sleep "$KVP_POLL"
 	done
+	g=$(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print("%.3f" % (d["end"]["sum_received"]["bits_per_second"]/1e9))' "$KVP_TMP/iperf3.json")
+	log "iperf3 -P $1: $g Gbit/s"
+	record "iperf3-P$1" "$g"
 }
 
-ratio_of() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
+# kvp NAME REP SEG EXTRA...: one verified run of $SIZE bytes in SEG-byte segments.
+kvp() {
+	local name=$1 r=$2 seg=$3 g key dpid
+	shift 3
+	key="$KVP_TMP/key.$name.$r"
+	spawn "$NS_D" "$KVP_TMP/decode.out" - "$KVPROXY_BENCH" decode -s "$(sock_of decode0)" \
+		--size "$SIZE" --seed "$r" --key-file "$key" --min-seg "$seg" --max-seg "$seg" \
+		--timeout 300 "$@"
+	dpid=$SPAWNED
+	in_ns "$NS_P" "$KVPROXY_BENCH" prefill -s "$(sock_of prefill0)" --peer decode0 \
+		--key-file "$key" --size "$SIZE" --seed "$r" --min-seg "$seg" --max-seg "$seg" \
+		--inflight 8 --json "$@" >"$KVP_TMP/prefill.json" ||
+		fail "prefill run failed (segment $seg $*)"
+	wait_pid "$dpid" 300 || fail "decode client did not verify the data (segment $seg)"
+	g=$(json_get "$KVP_TMP/prefill.json" 'd["gbps"]')
+	stats_json prefill0 >"$KVP_TMP/stats.json"
+	log "$name run $r: $g Gbit/s (bytes per link so far: $(json_get "$KVP_TMP/stats.json" 'd["peers"][0]["link_tx_bytes"]'))"
+	record "$name" "$g"
+}
 
-results=()
-for seg in "${SEGS[@]}"; do
-	run_kvp "$seg" --segs-per-xfer 16
-	results+=("$seg $best $(ratio_of "$best" "$iperf_gbps") $(ratio_of "$best" "$iperf_multi")")
+# Interleaved, so drift on a shared machine hits every series alike.
+names=()
+for seg in "${SEGS[@]}"; do names+=("$seg"); done
+names+=(kv-64k-pages)
+for ((r = 0; r < REPS; r++)); do
+	iperf 1
+	((links > 1)) && iperf "$links"
+	for seg in "${SEGS[@]}"; do
+		kvp "$seg" "$r" "$seg" --segs-per-xfer 16
+	done
+	# KV-like: one request's 64 KiB pages, contiguous on both sides, 256 per transfer.
+	kvp kv-64k-pages "$r" 65536 --segs-per-xfer 256 --linear
 done
 
-# KV-like: one request's 64 KiB pages, contiguous on both sides, 256 per transfer.
-run_kvp 65536 --segs-per-xfer 256 --linear
-results+=("kv-64k-pages $best $(ratio_of "$best" "$iperf_gbps") $(ratio_of "$best" "$iperf_multi")")
-
-printf '\n%-12s %12s %10s %12s\n' "segment" "Gbit/s" "x iperf3" "x iperf3 -P$links"
-printf '%-12s %12s %10s %12s\n' "iperf3" "$iperf_gbps" "1.00" "-"
-printf '%-12s %12s %10s %12s\n' "iperf3 -P$links" "$iperf_multi" "-" "1.00"
-for row in "${results[@]}"; do
-	read -r seg g ratio ratio_m <<<"$row"
-	printf '%-12s %12s %10s %12s\n' "$seg" "$g" "$ratio" "$ratio_m"
-done
-if [[ -n $JSON_OUT ]]; then
-	{
-		printf '{"iperf3_gbps": %s, "iperf3_multi_gbps": %s, "streams": %s, "size": %s, "runs": [' \
-			"$iperf_gbps" "$iperf_multi" "$links" "$SIZE"
-		sep=""
-		for row in "${results[@]}"; do
-			read -r seg g ratio ratio_m <<<"$row"
-			printf '%s{"segment": "%s", "gbps": %s, "ratio": %s, "ratio_multi": %s}' \
-				"$sep" "$seg" "$g" "$ratio" "$ratio_m"
-			sep=", "
-		done
-		printf ']}\n'
-	} >"$JSON_OUT"
-fi
+python3 - "$KVP_TMP" "$links" "$SIZE" "$JSON_OUT" "${names[@]}" <<'PY'
+import json, statistics, sys
+tmp, links, size, out, names = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5:]
+def series(n):
+    return [float(l) for l in open("%s/series.%s" % (tmp, n))]
+ip1 = series("iperf3-P1")
+ipm = series("iperf3-P%d" % links) if links > 1 else ip1
+ref = {"best": (max(ip1), max(ipm)), "median": (statistics.median(ip1), statistics.median(ipm))}
+print("\n%-14s %8s %8s %9s %9s   (Gbit/s; ratios of iperf3 single / %d-stream)" %
+      ("series", "best", "median", "x1 best", "x%d best" % links, links))
+print("%-14s %8.2f %8.2f %9s %9s" % ("iperf3", max(ip1), statistics.median(ip1), "1.00", "-"))
+if links > 1:
+    print("%-14s %8.2f %8.2f %9s %9s" % ("iperf3 -P%d" % links, max(ipm), statistics.median(ipm), "-", "1.00"))
+runs = []
+for n in names:
+    v = series(n)
+    b, m = max(v), statistics.median(v)
+    r = {"segment": n, "gbps": b, "median_gbps": m, "ratio": b / ref["best"][0],
+         "ratio_multi": b / ref["best"][1], "median_ratio": m / ref["median"][0],
+         "median_ratio_multi": m / ref["median"][1], "samples": v}
+    runs.append(r)
+    print("%-14s %8.2f %8.2f %9.2f %9.2f   median ratios %.2f / %.2f" %
+          (n, b, m, r["ratio"], r["ratio_multi"], r["median_ratio"], r["median_ratio_multi"]))
+if out:
+    json.dump({"iperf3_gbps": max(ip1), "iperf3_multi_gbps": max(ipm), "streams": links,
+               "iperf3_samples": ip1, "iperf3_multi_samples": ipm, "size": size, "runs": runs},
+              open(out, "w"), indent=1)
+PY
