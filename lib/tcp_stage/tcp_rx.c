@@ -19,7 +19,7 @@ tcp_start_recv(struct tcp_ctx *t, struct tcp_conn *c)
 		return 0;
 	if (c->rx_state == RX_DIRECT) {
 		buf = c->rx_dst;
-		len = c->rx_win;
+		len = c->rx_win < DIRECT_RECV_MAX ? c->rx_win : DIRECT_RECV_MAX;
 		/* Direct mode starts with rxbuf drained (tcp_process_rx). */
 		c->rx_start = c->rx_end = 0;
 	} else {
@@ -51,7 +51,7 @@ tcp_start_recv(struct tcp_ctx *t, struct tcp_conn *c)
 	c->recv_busy = true;
 	c->recv_direct = c->rx_state == RX_DIRECT;
 	c->ops++;
-	if (c->rx_state != RX_DIRECT)
+	if (c->rx_state != RX_DIRECT || len < c->rx_win)
 		return 1;
 	/*
 	 * The next header is read by a recv linked behind the payload's, so

@@ -548,7 +548,7 @@ f.write(b'{"jsonrpc":"2.0","method":"status"}\n'); f.flush()
 r = rpc("status", rid=2)
 assert r["id"] == 2 and r["result"]["node_id"] == "prefill0" and not r["result"]["draining"], r
 r = rpc("config_get", {"key": "poll.idle_us"})
-assert r["result"]["value"] == 200, r
+assert r["result"]["value"] == 20, r
 print("malformed admin input: %d cases answered" % (len(cases) + len(bad) + 1), file=sys.stderr)
 EOF
 daemon_alive prefill0 || fail "prefill0 died on malformed admin input"
