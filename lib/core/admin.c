@@ -47,6 +47,7 @@ add_peer(struct kvp_peer_stats *d, struct kvp_peer_stats *s)
 	d->rx_frames += KVP_STAT_READ(s->rx_frames);
 	d->bad_frames += KVP_STAT_READ(s->bad_frames);
 	d->conn_errors += KVP_STAT_READ(s->conn_errors);
+	d->tcp_retrans += KVP_STAT_READ(s->tcp_retrans);
 	for (unsigned l = 0; l < KVP_LINKS_MAX; l++)
 		d->link_tx_bytes[l] += KVP_STAT_READ(s->link_tx_bytes[l]);
 }
@@ -145,7 +146,7 @@ peer_stats_json(const struct kvp_node *n, uint16_t i, const struct kvp_peer_stat
 
 	for (unsigned l = 0; l < n->cfg.tcp_conns && l < KVP_LINKS_MAX; l++)
 		json_array_append_new(links, json_integer((json_int_t)s->link_tx_bytes[l]));
-	return json_pack("{s:s, s:i, s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:i, s:o}",
+	return json_pack("{s:s, s:i, s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:i, s:o}",
 			 "node_id",
 			 n->cfg.peers[i].node_id, "index", (int)i, "state",
 			 kvp_peer_state_name(n, i), "tx_bytes", (json_int_t)s->tx_bytes,
@@ -154,7 +155,8 @@ peer_stats_json(const struct kvp_node *n, uint16_t i, const struct kvp_peer_stat
 			 (json_int_t)s->tx_frames, "rx_frames", (json_int_t)s->rx_frames,
 			 "connects", (json_int_t)n->peers[i].connects, "disconnects",
 			 (json_int_t)n->peers[i].disconnects, "bad_frames",
-			 (json_int_t)s->bad_frames, "links_up",
+			 (json_int_t)s->bad_frames, "tcp_retransmits", (json_int_t)s->tcp_retrans,
+			 "links_up",
 			 __builtin_popcount(n->peers[i].out_up), "link_tx_bytes", links);
 }
 

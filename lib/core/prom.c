@@ -172,6 +172,9 @@ kvp_stats_prometheus(const struct kvp_node *n, char *out, size_t outlen)
 		  offsetof(struct kvp_peer_stats, bad_frames) },
 		{ "kvproxy_peer_connection_errors_total", "Connections to or from the peer lost.",
 		  offsetof(struct kvp_peer_stats, conn_errors) },
+		{ "kvproxy_peer_tcp_retransmits_total",
+		  "TCP segments the kernel retransmitted on connections to the peer.",
+		  offsetof(struct kvp_peer_stats, tcp_retrans) },
 	};
 	for (size_t k = 0; k < sizeof(pc) / sizeof(pc[0]); k++) {
 		head(&b, pc[k].name, "counter", pc[k].help);
@@ -188,6 +191,12 @@ kvp_stats_prometheus(const struct kvp_node *n, char *out, size_t outlen)
 	for (uint16_t i = 0; i < n->cfg.npeers; i++)
 		pb(&b, "kvproxy_peer_links_up{node=\"%s\",peer=\"%s\"} %d\n", node,
 		   n->cfg.peers[i].node_id, __builtin_popcount(n->peers[i].out_up));
+	head(&b, "kvproxy_peer_link_tx_bytes_total", "counter",
+	     "Payload bytes sent to the peer per TCP connection (link).");
+	for (uint16_t i = 0; i < n->cfg.npeers; i++)
+		for (unsigned l = 0; l < n->cfg.tcp_conns && l < KVP_LINKS_MAX; l++)
+			pb(&b, "kvproxy_peer_link_tx_bytes_total{node=\"%s\",peer=\"%s\",link=\"%u\"} %" PRIu64 "\n",
+			   node, n->cfg.peers[i].node_id, l, t.peer[i].link_tx_bytes[l]);
 	head(&b, "kvproxy_completions_total", "counter", "Transfers ended on this node, by status.");
 	for (int c = 0; c < KVP_STATUS_MAX; c++)
 		pb(&b, "kvproxy_completions_total{node=\"%s\",status=\"%s\"} %" PRIu64 "\n", node,

@@ -4,6 +4,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -158,6 +160,7 @@ tcp_attach(void *tctx, uint16_t peer, uint8_t link, int fd, bool outgoing, uint6
 	c->rx_region = NULL;
 	c->rx_stage = -1;
 	c->last_rx_ns = c->last_tx_ns = c->send_ok_ns = kvp_mono_ns();
+	c->retrans_seen = 0;
 	memset(c->rxt, 0, sizeof(*c->rxt) * (c->rxt_mask + 1));
 	KVP_LOG(INFO, tcp, "worker %u: %s link %u to peer %u up (epoch %016" PRIx64 ")",
 		t->w->idx, outgoing ? "outgoing" : "incoming", link, peer, epoch);
@@ -292,9 +295,18 @@ liveness(struct tcp_ctx *t, uint64_t now)
 
 	for (uint32_t i = 0; i < t->nconns; i++) {
 		struct tcp_conn *c = &t->conns[i];
+		struct tcp_info ti;
+		socklen_t tl = sizeof(ti);
 
 		if (c->state != CONN_UP)
 			continue;
+		/* The kernel's retransmissions, a sign of loss on the path. */
+		if (getsockopt(c->fd, IPPROTO_TCP, TCP_INFO, &ti, &tl) == 0 &&
+		    ti.tcpi_total_retrans > c->retrans_seen) {
+			KVP_STAT_ADD(t->w->stats.peer[c->peer].tcp_retrans,
+				     ti.tcpi_total_retrans - c->retrans_seen);
+			c->retrans_seen = ti.tcpi_total_retrans;
+		}
 		if (now - c->last_rx_ns > t->peer_ns) {
 			snprintf(why, sizeof(why), "peer silent for %" PRIu64 " ms",
 				 (now - c->last_rx_ns) / 1000000);

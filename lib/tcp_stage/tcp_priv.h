@@ -97,6 +97,7 @@ struct tcp_conn {
 	uint64_t last_rx_ns;   /* any byte received */
 	uint64_t last_tx_ns;   /* a frame last handed to the kernel */
 	uint64_t send_ok_ns;   /* the in-flight send last made progress */
+	uint32_t retrans_seen; /* tcpi_total_retrans already counted */
 
 	/* Send side: frames [tx_done, tx_tail) are queued; [tx_done, tx_head) are in flight. */
 	struct tx_frame *txq;

@@ -39,6 +39,8 @@ verified_transfer 134217728 41
 drops=$(ip netns exec "$NS_D" nft list table inet kvploss | sed -n 's/.*counter packets \([0-9]*\).*/\1/p')
 log "nftables dropped $drops packets"
 [[ ${drops:-0} -gt 0 ]] || fail "the loss rule dropped nothing: the test did not test loss"
+wait_json prefill0 stats "peer('decode0')['tcp_retransmits'] > 0" 10 \
+	"prefill0 counts the kernel's retransmissions to decode0"
 ip netns exec "$NS_D" nft delete table inet kvploss
 
 # 2. Rate limit: 200 Mbit/s on prefill0's side.
