@@ -111,7 +111,7 @@ ip1 = series("iperf3-P1")
 ipm = series("iperf3-P%d" % links) if links > 1 else ip1
 ref = {"best": (max(ip1), max(ipm)), "median": (statistics.median(ip1), statistics.median(ipm))}
 print("\n%-14s %8s %8s %9s %9s   (Gbit/s; ratios of iperf3 single / %d-stream)" %
-      ("series", "best", "median", "x1 best", "x%d best" % links, links))
+      ("series", "best", "median", "x1 best", "x%d best" % links if links > 1 else "-", links))
 print("%-14s %8.2f %8.2f %9s %9s" % ("iperf3", max(ip1), statistics.median(ip1), "1.00", "-"))
 if links > 1:
     print("%-14s %8.2f %8.2f %9s %9s" % ("iperf3 -P%d" % links, max(ipm), statistics.median(ipm), "-", "1.00"))
