@@ -29,7 +29,7 @@ PEERS = ["peer0", "peer1"]
 MAX_INFLIGHT = 16
 SECRET = b"fuzz-secret"
 
-# ---- wire format (lib/core/kvp_core.h) ----
+# ---- wire format (lib/core/kvp_wire.h) ----
 MAGIC, VERSION = 0x564B, 1
 W_HELLO, W_DATA, W_END, W_ACK, W_ABORT, W_PING, W_PONG = range(1, 8)
 F_AUTH = 1
