@@ -556,7 +556,6 @@ enum kvp_peer_link {
 	KVP_LINK_UP,	     /**< handed to a worker */
 };
 
-
 /**
  * Control-plane state of one configured peer. Its links are dialled one at
  * a time, lowest missing first; the out_* dial state is the current one's.
