@@ -840,6 +840,9 @@ main(int argc, char **argv)
 	parse_args(argc - 1, argv + 1, &o);
 	if (o.timeout_s < 0)
 		o.timeout_s = bad ? 10 : 60;
+	/* Milliseconds become nanoseconds (and a stall limit) below: keep them in range. */
+	if (o.timeout_ms > 86400000ull * 365)
+		usage_error("--timeout-ms %" PRIu64 " is above a year", o.timeout_ms);
 	if (o.sock == NULL || o.key_file == NULL || (!dec && o.peer == NULL))
 		usage_error("%s needs -s SOCK, --key-file PATH%s", cmd,
 			    dec ? "" : " and --peer NODE_ID");
