@@ -1,6 +1,5 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /* kvproxyctl: RDMA rails — rails, rail_pause, rail_resume. */
-#include <getopt.h>
 #include <string.h>
 
 #include "ctl.h"
@@ -36,59 +35,25 @@ rails_usage(FILE *f, const char *cmd)
 }
 
 int
-cmd_rails(struct opts *o, int argc, char **argv)
+render_rails(const struct cmd_opts *co, json_t *res)
 {
-	struct cmd_opts co = { 0 };
-	json_t *res;
-	int r = parse_cmd_opts("rails", argc, argv, o, &co);
-
-	if (r >= 0)
-		return r;
-	if (optind != argc)
-		return usage_error("rails: unexpected argument '%s'", argv[optind]);
-	r = rpc_call(o, "rails", json_object(), &res);
-	if (r != 0)
-		return r;
-	json_t *rails = json_object_get(res, "rails");
-	if (o->json || !is_table(rails)) {
-		print_json(res);
-	} else {
-		print_table(rails, cols_rails, 0);
+	(void)co;
+	if (show_table(res, "rails", cols_rails)) {
 		json_object_del(res, "rails");
-		show(o, res, NULL);
+		print_object(res, NULL, 0);
 	}
-	json_decref(res);
 	return 0;
 }
 
-static int
-rail_set(struct opts *o, int argc, char **argv, const char *method)
-{
-	static const char *const order[] = { "rail", "paused", "active_rails", NULL };
-	struct cmd_opts co = { 0 };
-	json_int_t rail;
-	int r = parse_cmd_opts(method, argc, argv, o, &co);
+static const char *const order_rail_set[] = { "rail", "paused", "active_rails", NULL };
 
-	if (r >= 0)
-		return r;
-	if (argc - optind != 1)
-		return usage_error("%s: expected RAIL", method);
-	if (!parse_id(argv[optind], 255, &rail))
-		return usage_error("%s: bad RAIL '%s'", method, argv[optind]);
-	return simple_call(o, method, json_pack("{s:I}", "rail", rail), order);
-}
-
-int
-cmd_rail_pause(struct opts *o, int argc, char **argv)
-{
-	return rail_set(o, argc, argv, "rail_pause");
-}
-
-int
-cmd_rail_resume(struct opts *o, int argc, char **argv)
-{
-	return rail_set(o, argc, argv, "rail_resume");
-}
+/* rail_pause and rail_resume. */
+const struct call_spec rail_spec = {
+	.what = "RAIL",
+	.min = 1,
+	.args = { { "rail", "RAIL", 255 } },
+	.order = order_rail_set,
+};
 
 void
 watch_rails(json_t *stats, double dt)
