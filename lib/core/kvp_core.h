@@ -357,6 +357,7 @@ struct kvp_xfer {
 	uint64_t t_off;
 	uint8_t t_state;
 	uint16_t t_conn; /**< the connection that carries it */
+	bool t_acked;	 /**< the receiver acknowledged its last frame */
 };
 
 static inline uint64_t

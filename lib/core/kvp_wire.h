@@ -20,8 +20,8 @@ enum kvp_wire_type {
 	KVP_W_HELLO = 1, /**< payload struct kvp_wire_hello; first frame each way */
 	KVP_W_DATA,	 /**< payload bytes for [off, off+len) of region key */
 	KVP_W_END,	 /**< transfer tag complete: aux = user_id, off = bytes, aux2 = nseg */
-	KVP_W_ACK,	 /**< receiver -> sender: tag landed, aux = enum kvp_status */
-	KVP_W_ABORT,	 /**< sender gave up on tag; receiver forgets it */
+	KVP_W_ACK,	 /**< receiver -> sender: tag landed (or its ABORT taken), aux = enum kvp_status */
+	KVP_W_ABORT,	 /**< sender gave up on tag; receiver forgets it (rsvd: KVP_ABORT_F_*) */
 	KVP_W_PING,	 /**< liveness; answered by PONG */
 	KVP_W_PONG,
 	/* RDMA transport control, over the same TCP connections (lib/gdr). */
@@ -101,6 +101,14 @@ struct kvp_wire_hello {
 	uint8_t nonce[32];	       /**< random challenge (authenticated handshakes) */
 	uint8_t mac[32];	       /**< HMAC-SHA256 answer to the other side's nonce */
 };
+
+/**
+ * ABORT rsvd flag: the cancelled transfer's last frame (it had bytes on the
+ * wire). The receiver answers with an ACK once it has processed it, after
+ * every earlier byte of the tag, so the sender can complete the transfer
+ * knowing nothing more of it will land.
+ */
+#define KVP_ABORT_F_ACK 0x1u
 
 #define KVP_HELLO_F_AUTH 0x1u /**< the sender holds the shared secret */
 /* Bits 8-15: the link a dialer's HELLO opens; bits 16-23: the sender's tcp.connections. */

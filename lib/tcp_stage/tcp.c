@@ -201,6 +201,7 @@ tcp_post(void *tctx, struct kvp_xfer *x)
 	if (!c)
 		return -ENOTCONN;
 	x->t_conn = (uint16_t)c->id;
+	x->t_acked = false;
 	c->unsent += x->bytes;
 	x->t_state = TX_PEND;
 	x->next = NULL;
@@ -339,6 +340,7 @@ tcp_progress(void *tctx)
 	if (now >= t->next_tick_ns) {
 		t->next_tick_ns = now + t->peer_ns / 16;
 		liveness(t, now);
+		tcp_tx_sweep(t, now);
 		if (t->stage_blocked) {
 			for (uint32_t i = 0; i < t->nconns; i++)
 				if (t->conns[i].state == CONN_UP && t->conns[i].outgoing)

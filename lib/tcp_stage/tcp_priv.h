@@ -41,7 +41,8 @@ enum uop {
 enum tx_xstate {
 	TX_PEND = 0, /* on the connection's pending list, not fully framed */
 	TX_FRAMED,   /* every frame queued, END included */
-	TX_WAIT_ACK, /* END on the wire; waiting for the receiver's ACK */
+	TX_WAIT_ACK, /* last frame (END, or a cancelled one's ABORT) on the wire; waiting for
+			the receiver's ACK. Cancelled: t_off = when the wait began */
 	TX_DRAIN,    /* cancelled; waiting for its queued frames to leave */
 };
 
@@ -215,6 +216,7 @@ void tcp_send_done(struct tcp_ctx *t, struct tcp_conn *c, int res);
 void tcp_tx_cancel(struct tcp_ctx *t, struct tcp_conn *c, struct kvp_xfer *x, int status);
 void tcp_tx_reset(struct tcp_ctx *t, struct tcp_conn *c);
 void tcp_tx_admission(struct tcp_ctx *t, struct tcp_conn *c, uint64_t now);
+void tcp_tx_sweep(struct tcp_ctx *t, uint64_t now);
 
 /* tcp_rx.c */
 int tcp_start_recv(struct tcp_ctx *t, struct tcp_conn *c);

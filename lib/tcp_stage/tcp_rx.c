@@ -257,6 +257,10 @@ on_ack(struct tcp_ctx *t, struct tcp_conn *c, const struct kvp_wire_hdr *h)
 	 * TX_FRAMED is fine: the ACK can overtake the completion of the send
 	 * that carried END, and the peer has every byte by now.
 	 */
+	if (x && x->t_state == TX_DRAIN) {
+		x->t_acked = true; /* its last frame's ACK overtook that frame's send completion */
+		return;
+	}
 	if (!x || (x->t_state != TX_WAIT_ACK && x->t_state != TX_FRAMED))
 		return;
 	x->ts[KVP_TS_ACKED] = kvp_mono_ns();
@@ -330,7 +334,9 @@ on_header(struct tcp_ctx *t, struct tcp_conn *c, const struct kvp_wire_hdr *h)
 
 	if (!hdr_ok(t, c, h))
 		return false;
-	if ((h->type == KVP_W_END || h->type == KVP_W_PING) && txq_room(c) == 0)
+	if ((h->type == KVP_W_END || h->type == KVP_W_PING ||
+	     (h->type == KVP_W_ABORT && (h->rsvd & KVP_ABORT_F_ACK))) &&
+	    txq_room(c) == 0)
 		return false;
 	if (h->type == KVP_W_DATA) {
 		c->rx_left = h->len;
@@ -352,6 +358,9 @@ on_header(struct tcp_ctx *t, struct tcp_conn *c, const struct kvp_wire_hdr *h)
 	case KVP_W_ABORT:
 		if (c->rxt[h->tag & c->rxt_mask].tag == h->tag)
 			c->rxt[h->tag & c->rxt_mask].tag = 0;
+		/* Every earlier byte of the tag has been handled: the sender may complete. */
+		if (h->rsvd & KVP_ABORT_F_ACK)
+			tcp_queue_ctrl(c, KVP_W_ACK, h->tag, KVP_ECANCELED);
 		if (t->ext)
 			t->ext->on_frame(t->ext->arg, c->peer, c->outgoing, h, NULL);
 		break;

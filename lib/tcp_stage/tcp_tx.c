@@ -174,7 +174,7 @@ tcp_fill_tx(struct tcp_ctx *t, struct tcp_conn *c)
 		if (x->status != KVP_OK) {
 			/* Cancelled mid-framing: tell the receiver to forget the tag. */
 			c->unsent -= unframed(x);
-			push_frame(c, KVP_W_ABORT, 0, kvp_xfer_tag(x), x->idx);
+			push_frame(c, KVP_W_ABORT, 0, kvp_xfer_tag(x), x->idx)->hdr.rsvd = KVP_ABORT_F_ACK;
 			x->t_frames++;
 			x->t_state = TX_DRAIN;
 			pend_pop(c);
@@ -236,7 +236,16 @@ frame_sent(struct tcp_ctx *t, struct tcp_conn *c, struct tx_frame *f, uint64_t n
 		x->ts[KVP_TS_POSTED] = now;
 		x->t_state = TX_WAIT_ACK;
 	} else if (x->t_state == TX_DRAIN && x->t_frames == 0) {
-		kvp_worker_xfer_end(w, x, x->status);
+		bool last = f->hdr.type == KVP_W_END ||
+			    (f->hdr.type == KVP_W_ABORT && (f->hdr.rsvd & KVP_ABORT_F_ACK));
+
+		/* Nothing of it may land after it completes: wait for the receiver's word. */
+		if (last && !x->t_acked) {
+			x->t_state = TX_WAIT_ACK;
+			x->t_off = now;
+		} else {
+			kvp_worker_xfer_end(w, x, x->status);
+		}
 	}
 }
 
@@ -331,8 +340,12 @@ tcp_tx_cancel(struct tcp_ctx *t, struct tcp_conn *c, struct kvp_xfer *x, int sta
 		x->status = status;
 	switch (x->t_state) {
 	case TX_WAIT_ACK:
-		/* Nothing of it is queued any more; a late ACK finds the tag stale. */
-		kvp_worker_xfer_end(w, x, status);
+		/*
+		 * Nothing of it is queued any more, but bytes may still be on
+		 * their way: the ACK, which follows them, completes it (with
+		 * this status); tcp_tx_sweep() bounds the wait.
+		 */
+		x->t_off = kvp_mono_ns();
 		return;
 	case TX_PEND:
 		if (x->t_frames == 0 && x->t_seg == 0 && x->t_off == 0) {
@@ -383,6 +396,7 @@ tcp_tx_cancel(struct tcp_ctx *t, struct tcp_conn *c, struct kvp_xfer *x, int sta
 			f->hdr.len = 0;
 		} else if (f->hdr.type == KVP_W_END) {
 			f->hdr.type = KVP_W_ABORT;
+			f->hdr.rsvd = KVP_ABORT_F_ACK;
 		}
 	}
 	if (x->t_state == TX_DRAIN && x->t_frames == 0)
@@ -405,6 +419,26 @@ tcp_tx_reset(struct tcp_ctx *t, struct tcp_conn *c)
 	c->send_busy = false;
 	c->pend_head = c->pend_tail = NULL;
 	c->unsent = 0;
+}
+
+/*
+ * A cancelled transfer waits for the receiver's ACK of its last frame at
+ * most timeouts.peer_ms: a peer that does not answer that long is cut off
+ * by the liveness checks anyway (or runs an older version that does not
+ * acknowledge ABORTs).
+ */
+void
+tcp_tx_sweep(struct tcp_ctx *t, uint64_t now)
+{
+	struct kvp_worker *w = t->w;
+
+	for (uint32_t i = 0; i < w->nxfers; i++) {
+		struct kvp_xfer *x = &w->xfers[i];
+
+		if (x->state == KVP_XS_ACTIVE && x->t_state == TX_WAIT_ACK && x->status != KVP_OK &&
+		    now - x->t_off > t->peer_ns)
+			kvp_worker_xfer_end(w, x, x->status);
+	}
 }
 
 /*
