@@ -7,22 +7,26 @@ side should tell the decode side when it failed. kvproxy itself carries
 only the data, so this exchange needs a side channel. Engines already run
 one HTTP server on the prefill node for this purpose (sglang's bootstrap
 server at ``--disaggregation-bootstrap-port``); :class:`BootstrapServer`
-takes that place: a standard-library ``ThreadingHTTPServer`` holding three
+takes that place: a standard-library ``ThreadingHTTPServer`` holding four
 tables, and every participant is a client of it (no listening socket on any
 worker):
 
 ``PUT /kvproxy/v1/ranks/<id>``
     a prefill worker announces itself (node id, layout); ``GET
     /kvproxy/v1/info`` lists the announced workers.
-``PUT /kvproxy/v1/meta/<key>``, ``PUT /kvproxy/v1/status/<key>``
+``PUT /kvproxy/v1/<meta|abort|status>/<key>``
     store a JSON object under ``<key>`` (``<room>.<rank>``): the decode
-    side's transfer metadata, the prefill side's outcome.
-``POST /kvproxy/v1/<meta|status>/wait``
-    ``{"keys": [...], "wait_ms": N}``: long poll; returns ``{"found":
-    {key: object}}`` as soon as one of the keys is present, or empty after
-    ``wait_ms`` (at most 1000).
+    side's transfer metadata, the decode side giving the request up, the
+    prefill side's outcome.
+``POST /kvproxy/v1/wait``
+    ``{"keys": {kind: [key, ...], ...}, "wait_ms": N}``: long poll over
+    several kinds at once; returns ``{"found": {kind: {key: object}},
+    "age_ms": {kind: {key: ms}}}`` (``age_ms``: how long ago each entry was
+    stored) as soon as one of the keys is present, or empty after
+    ``wait_ms`` (at most 1000). ``POST /kvproxy/v1/<kind>/wait`` with
+    ``{"keys": [...]}`` is the one-kind form (``{"found": {key: object}}``).
 ``DELETE /kvproxy/v1/rooms/<key>``
-    drop both entries of a key (the reader is done with it).
+    drop every entry of a key (the reader is done with it).
 ``GET /health``
     ``{"ok": true}``.
 
@@ -33,6 +37,7 @@ only the cluster can reach.
 
 from __future__ import annotations
 
+import errno
 import http.client
 import json
 import logging
@@ -45,14 +50,21 @@ __all__ = ["BootstrapServer", "BootstrapClient", "BootstrapError", "KINDS"]
 
 log = logging.getLogger("kvproxy.bootstrap")
 
-KINDS = ("meta", "status")
+KINDS = ("meta", "abort", "status")
 _PREFIX = "/kvproxy/v1/"
 _MAX_BODY = 64 << 20
 _MAX_WAIT_MS = 1000
+# Connection errors after which the server certainly did not see the request.
+_NOT_CONNECTED = (errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH)
 
 
 class BootstrapError(OSError):
-    """The bootstrap server could not be reached or answered with an error."""
+    """The bootstrap server could not be reached or answered with an error.
+
+    ``maybe_done`` is False when the request certainly had no effect (the
+    connection was refused, the server answered with an error)."""
+
+    maybe_done = True
 
 
 class _Store:
@@ -83,15 +95,25 @@ class _Store:
             for box in self.boxes.values():
                 box.pop(key, None)
 
-    def wait(self, kind: str, keys: List[str], wait_s: float) -> Dict[str, Any]:
-        box = self.boxes[kind]
+    def wait(self, keys: Dict[str, List[str]], wait_s: float) -> Tuple[Dict[str, Dict[str, Any]], Dict[str, Dict[str, int]]]:
+        """The entries present for ``keys`` (kind -> key list) and their ages in
+        ms, waiting up to ``wait_s`` for one."""
         deadline = time.monotonic() + wait_s
         with self.cond:
             while True:
-                found = {k: box[k][1] for k in keys if k in box}
-                left = deadline - time.monotonic()
+                now = time.monotonic()
+                found: Dict[str, Dict[str, Any]] = {}
+                ages: Dict[str, Dict[str, int]] = {}
+                for kind, ks in keys.items():
+                    box = self.boxes[kind]
+                    for k in ks:
+                        if k in box:
+                            t, value = box[k]
+                            found.setdefault(kind, {})[k] = value
+                            ages.setdefault(kind, {})[k] = int((now - t) * 1000)
+                left = deadline - now
                 if found or left <= 0:
-                    return found
+                    return found, ages
                 self.cond.wait(left)
 
 
@@ -153,17 +175,22 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:  # noqa: N802
         what, rest = self._route()
-        if what not in KINDS or rest != "wait":
+        one = what in KINDS and rest == "wait"  # the one-kind form
+        if not one and (what, rest) != ("wait", ""):
             self._reply(404, {"error": f"no such resource {self.path}"})
             return
         try:
             body = self._body()
-            keys = [str(k) for k in body["keys"]]
+            raw = {what: body["keys"]} if one else dict(body["keys"])
+            keys = {str(kind): [str(k) for k in ks] for kind, ks in raw.items()}
+            if not set(keys) <= set(KINDS):
+                raise ValueError(f"kinds {sorted(keys)}, known: {list(KINDS)}")
             wait_ms = min(max(int(body.get("wait_ms", 0)), 0), _MAX_WAIT_MS)
         except (ValueError, KeyError, TypeError) as e:
             self._reply(400, {"error": f"bad wait request: {e}"})
             return
-        self._reply(200, {"found": self.server.store.wait(what, keys, wait_ms / 1000)})
+        found, ages = self.server.store.wait(keys, wait_ms / 1000)
+        self._reply(200, {"found": found.get(what, {})} if one else {"found": found, "age_ms": ages})
 
     def do_DELETE(self) -> None:  # noqa: N802
         what, key = self._route()
@@ -246,14 +273,18 @@ class BootstrapClient:
                 # A kept-alive connection the server already closed fails once: retry on a new one.
                 if attempt == 0 and isinstance(e, (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError)):
                     continue
-                raise BootstrapError(f"bootstrap server {self.addr}: {method} {path}: {e}") from None
+                err = BootstrapError(f"bootstrap server {self.addr}: {method} {path}: {e}")
+                err.maybe_done = getattr(e, "errno", None) not in _NOT_CONNECTED
+                raise err from None
             try:
                 reply = json.loads(raw or b"null")
             except ValueError:
                 raise BootstrapError(f"bootstrap server {self.addr}: {method} {path}: not JSON") from None
             if resp.status != 200:
                 err = reply.get("error") if isinstance(reply, dict) else reply
-                raise BootstrapError(f"bootstrap server {self.addr}: {method} {path}: HTTP {resp.status}: {err}")
+                refused = BootstrapError(f"bootstrap server {self.addr}: {method} {path}: HTTP {resp.status}: {err}")
+                refused.maybe_done = False
+                raise refused
             return reply
         raise AssertionError("unreachable")
 
@@ -270,10 +301,11 @@ class BootstrapClient:
     def put(self, kind: str, key: str, value: Any) -> None:
         self._call("PUT", f"{_PREFIX}{kind}/{key}", value)
 
-    def wait(self, kind: str, keys: List[str], wait_ms: int) -> Dict[str, Any]:
-        """The entries of ``kind`` present for ``keys``, waiting up to ``wait_ms`` for one."""
-        reply = self._call("POST", f"{_PREFIX}{kind}/wait", {"keys": keys, "wait_ms": wait_ms}, wait_ms / 1000)
-        return reply.get("found", {})
+    def wait(self, keys: Dict[str, List[str]], wait_ms: int) -> Tuple[Dict[str, Dict[str, Any]], Dict[str, Dict[str, int]]]:
+        """The entries present for ``keys`` (kind -> key list), waiting up to
+        ``wait_ms`` for one: ``({kind: {key: object}}, {kind: {key: age in ms}})``."""
+        reply = self._call("POST", _PREFIX + "wait", {"keys": keys, "wait_ms": wait_ms}, wait_ms / 1000)
+        return reply.get("found") or {}, reply.get("age_ms") or {}
 
     def delete(self, key: str) -> None:
         self._call("DELETE", f"{_PREFIX}rooms/{key}")

@@ -68,6 +68,28 @@ by its deadline (``kvproxy_transfer_timeout``, else the daemon's
 ``timeouts.default_ms``), and the decode side gives up after
 ``kvproxy_waiting_timeout``.
 
+When the decode side gives a request up (``waiting_timeout``, ``abort()``,
+any failure of its own) after its metadata may have reached the prefill
+side (a put of it was tried), the prefill side may still write into its
+pages, which sglang reuses after ``Failed``. So the receiver stores an
+``abort`` entry in the mailbox and keeps reporting ``Transferring`` until
+either the prefill side answers (its sender ends ``Failed`` with code
+``aborted-by-decode``: queued transfers are dropped, in-flight ones
+cancelled, and its ``aborted`` status is stored only once their completions
+are in; any outcome the prefill side stores comes only with none of its
+transfers in flight), or the last moment a transfer could still land has
+passed: the metadata tells the prefill side to submit nothing later than
+``waiting_timeout`` after the entry was stored (the mailbox reports the
+entries' ages) and to end each transfer ``transfer_timeout`` (the decode
+side's setting, else 30 s) after that at the latest; the receiver waits
+that long after its last put of the metadata, plus 2 s. Only then does it
+report ``Failed`` with its own code. Metadata never sent is dropped, no
+abort needed; ``close()`` posts the aborts and fails at once (the daemon
+drops the closed manager's regions), as does a dead kvproxyd. With TCP a
+cancelled transfer completes once its frames left the prefill kvproxyd;
+frames already in the socket buffers still land, before the acknowledgement
+makes its way through the mailbox in practice, not by a guarantee.
+
 Bootstrap exchange (side channel)
 ---------------------------------
 
@@ -85,8 +107,13 @@ Bootstrap exchange (side channel)
 3. the prefill sender long-polls for that entry; its kvproxy transfers carry
    user ids ``tag << 16 | n``, so the decode side attributes the ``landed``
    notices to the request;
-4. the prefill sender stores its outcome under the same key (``success``, or
-   ``failed`` with code and reason); the decode receiver long-polls for it.
+4. the prefill sender stores its outcome under the same key (``success``,
+   ``failed`` with code and reason, or ``aborted``); the decode receiver
+   long-polls for it;
+5. a decode receiver that gives up after its metadata may have gone out
+   stores ``abort`` under the key; prefill managers long-poll for it with
+   the metadata (one request per server and pass). The receiver deletes the
+   key's entries when it is cleared.
 
 Supported: equal attention-TP on both sides (rank ``r`` sends to rank
 ``r``), data parallelism (the mailbox is keyed by bootstrap room, so the
@@ -169,6 +196,11 @@ def _connect(sock: str) -> Client:
 # Bootstrap server I/O: connect/read timeout, and the backoff after a failure.
 _BOOTSTRAP_IO_TIMEOUT = 2.0
 _BACKOFF_MIN, _BACKOFF_MAX = 0.2, 5.0
+# What the decode side assumes of the prefill side's transfer deadline when
+# kvproxy_transfer_timeout is not set (kvproxyd's shipped timeouts.default_ms),
+# and the slack it adds before trusting that a request's data can no longer land.
+_DEFAULT_TRANSFER_TIMEOUT = 30.0
+_LAND_SLACK = 2.0
 # Bytes per kvproxy transfer: many medium transfers keep the daemon's window
 # full and pipeline; a few huge ones (a long run of contiguous pages) do not.
 _PIECE_BYTES = 32 << 20
@@ -267,6 +299,7 @@ _CODE_ERRNO.update(
         "waiting-timeout": errno.ETIMEDOUT,
         "daemon-gone": errno.EPIPE,
         "aborted": errno.ECANCELED,
+        "aborted-by-decode": errno.ECANCELED,
         "closed": errno.ESHUTDOWN,
         "protocol": errno.EPROTO,
         "unsupported": errno.EOPNOTSUPP,
@@ -286,7 +319,8 @@ class KVTransferError(KvproxyError):
             configured peer), ``"layout"`` (page counts or buffer layouts
             differ), ``"bootstrap-timeout"``, ``"waiting-timeout"``,
             ``"daemon-gone"`` (kvproxyd went away), ``"aborted"``,
-            ``"closed"``, ``"protocol"``, ``"unsupported"``, ``"submit"``.
+            ``"aborted-by-decode"`` (prefill side: the decode side gave the
+            request up), ``"closed"``, ``"protocol"``, ``"unsupported"``, ``"submit"``.
         failure_reason: the text: the daemon's reason where it gave one.
         bootstrap_room: the request's bootstrap room.
         completion: the failed :class:`kvproxy.Completion`, if a transfer failed.
@@ -740,13 +774,15 @@ class KvproxyKVManager:
             else:
                 if self._receivers.get(req.key) is req:
                     del self._receivers[req.key]
-                    # The receiver reads the status entry last: it deletes both.
-                    self._post_locked(req.bootstrap_addr, "delete", req.key, None)
+                    # The receiver reads the status entry last: it deletes them all;
+                    # not while its abort may still be unread (the entries expire).
+                    if req._state in _FINAL or req._give_up is None:
+                        self._post_locked(req.bootstrap_addr, "delete", req.key, None)
                 self._by_tag.pop(getattr(req, "tag", None), None)
         self._wake.set()
 
     def _post_locked(self, addr: str, kind: str, key: str, value: Any) -> None:
-        """Queue a put (``meta``, ``status``) or a ``delete`` for the bootstrapper."""
+        """Queue a put (``meta``, ``abort``, ``status``) or a ``delete`` for the bootstrapper."""
         self._posts.append((addr, kind, key, value, time.monotonic()))
         self._wake.set()
 
@@ -801,12 +837,22 @@ class KvproxyKVManager:
         self._ring_full = False
         while self._queue and len(self._inflight) < self.config.max_inflight:
             piece = self._queue[0]
-            if piece.sender._state in _FINAL:
+            s = piece.sender
+            if s._state in _FINAL:
                 self._queue.popleft()
-                piece.sender._pending -= 1
+                s._pending -= 1
+                s._settle_locked()
                 continue
+            now = time.monotonic()
+            if now >= s._submit_by:
+                s._fail_locked("waiting-timeout", "the decode side stopped waiting for this request "
+                               "(its waiting_timeout passed) before it was submitted")
+                continue
+            timeout = s._xfer_timeout
+            if not math.isinf(s._land_by):
+                timeout = min(timeout or math.inf, s._land_by - now)
             try:
-                self.client.submit(piece.peer, piece.segs, piece.uid, timeout=self.config.transfer_timeout)
+                self.client.submit(piece.peer, piece.segs, piece.uid, timeout=timeout)
             except RingFull:
                 self._ring_full = True  # the reaper retries soon: no completion may come to wake it
                 return
@@ -857,15 +903,17 @@ class KvproxyKVManager:
     def _daemon_gone(self, why: str) -> None:
         with self._lock:
             self._gone = why
-            for req in list(self._senders.values()) + list(self._receivers.values()):
-                req._fail_locked("daemon-gone", why)
             self._queue.clear()
             self._inflight.clear()
+            for s in self._senders.values():
+                s._pending = 0  # no completion comes any more, nothing moves any more
+            for req in list(self._senders.values()) + list(self._receivers.values()):
+                req._fail_locked("daemon-gone", why)
 
     def _bs_call(self, addr: str, call: Callable[[BootstrapClient], Any]) -> Tuple[bool, Any]:
-        """``call`` on the client of ``addr``: (True, its result), or (False, None)
-        when the server did not answer now or is still left alone after an
-        earlier failure (backing off, so one unreachable prefill server does
+        """``call`` on the client of ``addr``: (True, its result), or (False, the
+        :class:`BootstrapError` or None) when the server did not answer now or
+        is still left alone after an earlier failure (backing off, so one unreachable prefill server does
         not stall the exchange with the others)."""
         now = time.monotonic()
         retry_at, delay = self._backoff.get(addr, (0.0, 0.0))
@@ -880,7 +928,7 @@ class KvproxyKVManager:
             delay = min(max(2 * delay, _BACKOFF_MIN), _BACKOFF_MAX)
             self._backoff[addr] = (now + delay, delay)
             log.debug("%s (next try in %.1f s)", e, delay)
-            return False, None
+            return False, e
         self._backoff.pop(addr, None)
         return True, result
 
@@ -897,6 +945,7 @@ class KvproxyKVManager:
                 pending = self._backoff or self._want_info or self._posts
                 self._wake.wait(_BACKOFF_MIN if pending else 1.0)
             self._wake.clear()
+        self._send_posts()  # once more: the aborts close() queued
         for c in self._bs_clients.values():
             c.close()
 
@@ -915,32 +964,42 @@ class KvproxyKVManager:
             if ok:
                 self._store_info(addr, reply)
         busy = self._send_posts() or busy
-        waits: Dict[str, Tuple[str, List[str]]] = {}
+        # One long poll per server and pass, over every kind this manager waits for.
+        waits: Dict[str, Dict[str, List[str]]] = {}
         with self._lock:
             for s in self._senders.values():
-                if s._state == KVPoll.Bootstrapping:
-                    waits.setdefault(s.bootstrap_addr, ("meta", []))[1].append(s.key)
+                if s._state not in _FINAL:
+                    kinds = waits.setdefault(s.bootstrap_addr, {})
+                    if s._state == KVPoll.Bootstrapping:
+                        kinds.setdefault("meta", []).append(s.key)
+                    kinds.setdefault("abort", []).append(s.key)
             for r in self._receivers.values():
-                if r._state == KVPoll.Transferring and r._meta_posted:
-                    waits.setdefault(r.bootstrap_addr, ("status", []))[1].append(r.key)
+                if r._state == KVPoll.Transferring and (r._meta_posted or r._give_up is not None):
+                    waits.setdefault(r.bootstrap_addr, {}).setdefault("status", []).append(r.key)
         wait_ms = 100 if len(waits) <= 1 else 20
-        for addr, (kind, keys) in waits.items():
-            ok, found = self._bs_call(addr, lambda c: c.wait(kind, keys, wait_ms))
+        for addr, kinds in waits.items():
+            asked = time.monotonic()
+            ok, reply = self._bs_call(addr, lambda c: c.wait(kinds, wait_ms))
             if not ok:
                 continue
             busy = True  # the long poll itself paced this round
+            found, ages = reply
             with self._lock:
-                for key, value in found.items():
-                    if kind == "meta" and key in self._senders:
-                        self._senders[key]._on_meta(value)
-                    elif kind == "status" and key in self._receivers:
+                for key, value in found.get("meta", {}).items():
+                    if key in self._senders:  # stored at asked - age at the earliest, in this clock
+                        self._senders[key]._on_meta(value, asked - ages.get("meta", {}).get(key, 0) / 1000)
+                for key, value in found.get("abort", {}).items():
+                    if key in self._senders:
+                        self._senders[key]._on_abort(value)
+                for key, value in found.get("status", {}).items():
+                    if key in self._receivers:
                         self._receivers[key]._on_status(value)
         return busy
 
     def _send_posts(self) -> bool:
         """Send the queued puts and deletes, in order per server; keep those of
         servers that did not answer, drop those older than bootstrap_timeout
-        and metadata of receivers that ended. True if any was sent."""
+        and metadata of receivers that ended or gave up. True if any was sent."""
         with self._lock:
             posts = list(self._posts)
             self._posts.clear()
@@ -950,11 +1009,6 @@ class KvproxyKVManager:
         now = time.monotonic()
         for post in posts:
             addr, kind, key, value, t = post
-            if kind == "meta":
-                with self._lock:
-                    r = self._receivers.get(key)
-                    if r is None or r._state in _FINAL:
-                        continue
             if now - t > self.config.bootstrap_timeout:
                 log.info("dropped %s %s for bootstrap server %s: unanswered for %g s", kind, key, addr,
                          self.config.bootstrap_timeout)
@@ -962,20 +1016,31 @@ class KvproxyKVManager:
             if addr in blocked:
                 keep.append(post)
                 continue
+            r = None
+            if kind == "meta":
+                with self._lock:
+                    r = self._receivers.get(key)
+                    if r is None or r._state in _FINAL or r._give_up is not None:
+                        continue  # never sent: nothing to take back
+                    r._meta_tried = True  # from now on the prefill side may hold it
             if kind == "delete":
-                ok, _ = self._bs_call(addr, lambda c: c.delete(key))
+                ok, err = self._bs_call(addr, lambda c: c.delete(key))
             else:
-                ok, _ = self._bs_call(addr, lambda c: c.put(kind, key, value))
+                ok, err = self._bs_call(addr, lambda c: c.put(kind, key, value))
+            if r is not None:
+                with self._lock:
+                    if ok or (err is not None and err.maybe_done):
+                        r._meta_put_end = time.monotonic()
+                        r._meta_posted = r._meta_posted or ok
+                    elif r._meta_put_end is None:  # no try reached the server
+                        r._meta_tried = False
+                        if r._give_up is not None and r._state not in _FINAL:
+                            r._end_give_up_locked()
             if not ok:
                 blocked.add(addr)
                 keep.append(post)
                 continue
             sent = True
-            if kind == "meta":
-                with self._lock:
-                    r = self._receivers.get(key)
-                    if r is not None:
-                        r._meta_posted = True
         with self._lock:
             self._posts.extendleft(reversed(keep))
         return sent
@@ -997,6 +1062,8 @@ class KvproxyKVManager:
                 return
             self._closing = True
             for req in list(self._senders.values()) + list(self._receivers.values()):
+                if isinstance(req, KvproxyKVReceiver) and req._state not in _FINAL:
+                    req._post_abort_locked("closed", "the kvproxy manager is closed")
                 req._fail_locked("closed", "the kvproxy manager is closed")
         self._wake.set()
         self.client.close()
@@ -1047,10 +1114,16 @@ class KvproxyKVSender(_Request):
         self._bytes = 0
         self._t_send: Optional[float] = None
         self._t_done: Optional[float] = None
+        # From the decode side's metadata: no submission from _submit_by on,
+        # every transfer ended by _land_by (this clock; inf: no bound given).
+        self._submit_by = math.inf
+        self._land_by = math.inf
+        self._xfer_timeout = mgr.config.transfer_timeout
+        self._outcome_posted = False
         mgr._add_sender(self)
 
     # bootstrapper thread, manager lock held
-    def _on_meta(self, meta: Dict[str, Any]) -> None:
+    def _on_meta(self, meta: Dict[str, Any], stored_at: float) -> None:
         mgr = self.kv_mgr
         if self._state != KVPoll.Bootstrapping:
             return
@@ -1070,6 +1143,13 @@ class KvproxyKVSender(_Request):
             node = str(meta["node_id"])
             pages = [p for first, n in meta["pages"] for p in range(int(first), int(first) + int(n))]
             tag = int(meta["tag"])
+            within, xfer_ms = meta.get("submit_within_ms"), meta.get("transfer_timeout_ms")
+            if within is not None:
+                self._submit_by = stored_at + int(within) / 1000
+            if xfer_ms is not None:
+                self._land_by = self._submit_by + int(xfer_ms) / 1000
+                if self._xfer_timeout is None:
+                    self._xfer_timeout = int(xfer_ms) / 1000
         except (KeyError, TypeError, ValueError) as e:
             self._fail_locked("protocol", f"bad metadata from the decode side: {e}")
             return
@@ -1093,17 +1173,31 @@ class KvproxyKVSender(_Request):
             value = {"state": "success", "bytes": self._bytes}
         else:
             f = self._failure
-            value = {"state": "failed", "code": f.code if f else "?", "reason": f.failure_reason if f else "?"}
+            code = f.code if f else "?"
+            value = {"state": "aborted" if code == "aborted-by-decode" else "failed", "code": code,
+                     "reason": f.failure_reason if f else "?"}
         value["node_id"] = self.kv_mgr.node_id
+        self._outcome_posted = True
         self.kv_mgr._post_locked(self.bootstrap_addr, "status", self.key, value)
+
+    def _settle_locked(self) -> None:
+        """Post the failure once no transfer of the request is queued or in
+        flight: the decode side may reuse its pages when it reads it."""
+        if self._state == KVPoll.Failed and self._pending == 0 and not self._outcome_posted:
+            self._post_outcome_locked()
 
     def _fail_locked(self, code: str, reason: str, completion: Optional[Completion] = None, from_prefill: bool = False) -> bool:
         if not super()._fail_locked(code, reason, completion, from_prefill):
             return False
         self.kv_mgr._drop_queued_locked(self)
         self.kv_mgr._cancel_inflight_locked(self)
-        self._post_outcome_locked()  # the decode side may be waiting for this request
+        self._settle_locked()  # now, or when the last cancelled transfer's completion is in
         return True
+
+    # bootstrapper thread, manager lock held
+    def _on_abort(self, abort: Dict[str, Any]) -> None:
+        self._fail_locked("aborted-by-decode", f"the decode side ({abort.get('node_id', '?')}) gave the request up: "
+                          f"{abort.get('code', '?')}: {abort.get('reason', '?')}")
 
     def _check_done_locked(self) -> None:
         if self._all_sent and self._pending == 0 and self._state not in _FINAL:
@@ -1117,10 +1211,12 @@ class KvproxyKVSender(_Request):
         if c.ok:
             self._bytes += c.bytes
             self._check_done_locked()
+            self._settle_locked()
             return
-        self._fail_locked(c.status_name, f"kvproxy transfer {c.user_id:#x} ({c.nseg} segments) from {self.kv_mgr.node_id} "
+        if not self._fail_locked(c.status_name, f"kvproxy transfer {c.user_id:#x} ({c.nseg} segments) from {self.kv_mgr.node_id} "
                           f"to {self._meta.get('node_id') if self._meta else '?'} ended with status {c.status_name}",
-                          completion=c)
+                          completion=c):
+            self._settle_locked()
 
     def poll(self) -> KVPoll:
         """The request's state; fails it once ``bootstrap_timeout`` passed without metadata."""
@@ -1232,6 +1328,14 @@ class KvproxyKVReceiver(_Request):
         self._prefill_done = False
         self._aux_index: Optional[int] = None
         self._meta_posted = False
+        # The metadata may have reached the prefill side from the first try on;
+        # when the latest try ended; how long after it data may still land.
+        self._meta_tried = False
+        self._meta_put_end: Optional[float] = None
+        self._land_within = 0.0
+        # Set when the request was given up after its metadata may have gone
+        # out: (code, reason, completion), reported once nothing can land.
+        self._give_up: Optional[Tuple[str, str, Optional[Completion]]] = None
         self._t_meta: Optional[float] = None
         mgr._add_receiver(self)
 
@@ -1258,6 +1362,8 @@ class KvproxyKVReceiver(_Request):
             self._aux_index = None if aux_index is None or not mgr.aux_item_lens else int(aux_index)
             self._expected = len(pages) * mgr.kv_page_bytes + (
                 sum(mgr.aux_item_lens) if self._aux_index is not None else 0)
+            xfer_s = mgr.config.transfer_timeout or _DEFAULT_TRANSFER_TIMEOUT
+            self._land_within = mgr.config.waiting_timeout + xfer_s
             meta = {
                 "v": _META_VERSION,
                 "node_id": mgr.node_id,
@@ -1267,6 +1373,10 @@ class KvproxyKVReceiver(_Request):
                 "pages": _runs(pages),
                 "aux_index": self._aux_index,
                 "decode_prefix_len": int(decode_prefix_len or 0),
+                # The prefill side submits nothing later than this after the
+                # entry was stored, each transfer ending this soon after.
+                "submit_within_ms": int(mgr.config.waiting_timeout * 1000),
+                "transfer_timeout_ms": int(xfer_s * 1000),
             }
             self._t_meta = time.monotonic()
             self._set_locked(KVPoll.Transferring)
@@ -1281,12 +1391,41 @@ class KvproxyKVReceiver(_Request):
         self._landed_bytes += c.bytes
         self.kv_mgr._changed.notify_all()
 
+    def _fail_locked(self, code: str, reason: str, completion: Optional[Completion] = None, from_prefill: bool = False) -> bool:
+        """Fail the request; once its metadata may have reached the prefill side,
+        only post an abort there and report ``Failed`` when nothing can land
+        any more (see :meth:`poll`), unless the failure says so already."""
+        gone = code in ("daemon-gone", "closed")  # the regions go: nothing can land any more
+        if self._give_up is not None and not gone:
+            return False
+        if from_prefill or gone or not self._post_abort_locked(code, reason):
+            return super()._fail_locked(code, reason, completion, from_prefill)
+        self._give_up = (code, reason, completion)
+        log.info("bootstrap room %d: %s: %s; waiting for the prefill side to stop", self.bootstrap_room, code, reason)
+        return True
+
+    def _post_abort_locked(self, code: str, reason: str) -> bool:
+        """Tell the prefill side to stop, if it may hold the metadata. True if posted."""
+        if self._state in _FINAL or self._give_up is not None or not self._meta_tried:
+            return False
+        mgr = self.kv_mgr
+        mgr._post_locked(self.bootstrap_addr, "abort", self.key, {"node_id": mgr.node_id, "code": code, "reason": reason})
+        return True
+
+    def _end_give_up_locked(self) -> None:
+        assert self._give_up is not None
+        _Request._fail_locked(self, *self._give_up)
+
     # bootstrapper thread, manager lock held
     def _on_status(self, status: Dict[str, Any]) -> None:
-        if status.get("state") == "success":
+        if self._give_up is not None:
+            # The prefill side posts its outcome only with none of its transfers in flight.
+            if status.get("state") in ("success", "failed", "aborted"):
+                self._end_give_up_locked()
+        elif status.get("state") == "success":
             self._prefill_done = True
             self.kv_mgr._changed.notify_all()
-        elif status.get("state") == "failed":
+        elif status.get("state") in ("failed", "aborted"):
             self._fail_locked(str(status.get("code", "?")),
                               f"prefill side ({status.get('node_id', '?')}): {status.get('reason', '?')}",
                               from_prefill=True)
@@ -1304,7 +1443,11 @@ class KvproxyKVReceiver(_Request):
         mgr = self.kv_mgr
         with mgr._lock:
             now = time.monotonic()
-            if self._state == KVPoll.Bootstrapping:
+            if self._give_up is not None:
+                end = self._meta_put_end
+                if self._state not in _FINAL and end is not None and now > end + self._land_within + _LAND_SLACK:
+                    self._end_give_up_locked()  # the prefill side never answered; its transfers ended by now
+            elif self._state == KVPoll.Bootstrapping:
                 info = mgr.prefill_info_table.get(self.bootstrap_addr)
                 if info is not None and mgr.engine_rank in info.engine_ranks:
                     self._set_locked(KVPoll.WaitingForInput)

@@ -28,6 +28,7 @@ import json
 import os
 import random
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -377,7 +378,8 @@ class SglangAdapterTest(unittest.TestCase):
             receiver.clear()
 
     def test_destination_region_gone(self) -> None:
-        """The decode worker went away after sending its metadata: its regions are gone."""
+        """The decode worker went away after sending its metadata: its close()
+        tells the prefill side, which then sends nothing into its pages."""
         with worker(ks.DisaggregationMode.DECODE, "decode0") as (_kv, dm):
             sender, receiver = self.handshake(dm, new_room())
             receiver.send_metadata([4, 5], 0, [])
@@ -385,14 +387,12 @@ class SglangAdapterTest(unittest.TestCase):
         self.assertEqual(receiver.poll(), KVPoll.Failed)  # its manager closed
         self.assertEqual(failure_of(receiver).code, "closed")
         self.wait_decode0_regions()
+        e = failure_of(sender)
+        self.assertEqual(e.code, "aborted-by-decode")
+        self.assertIn("closed", e.failure_reason)
         sender.init(2, 0)
         sender.send([9, 10])
-        e = failure_of(sender)
-        self.assertEqual(e.code, "remote")
-        self.assertEqual(e.errno, errno.EREMOTEIO)
-        self.assertIn("status remote", e.failure_reason)
-        self.assertIsNotNone(e.completion)
-        self.assertEqual(e.completion.status_name, "remote")
+        self.assertEqual(sender._next_piece, 0, "transfers into the pages of a closed worker")
         sender.clear()
 
     def test_transfer_timeout(self) -> None:
@@ -415,15 +415,18 @@ class SglangAdapterTest(unittest.TestCase):
             receiver.clear()
 
     def test_decode_waiting_timeout(self) -> None:
-        """The prefill side never sends: the decode side gives up after waiting_timeout."""
-        with worker(ks.DisaggregationMode.DECODE, "decode0", waiting_timeout=1.0) as (kv, dm):
+        """The prefill side never sends: the decode side gives up after
+        waiting_timeout; with no prefill worker to acknowledge its abort, it
+        reports Failed once a transfer of the prefill side could have ended
+        (waiting_timeout + transfer_timeout + slack after its metadata)."""
+        with worker(ks.DisaggregationMode.DECODE, "decode0", waiting_timeout=1.0, transfer_timeout=1.0) as (kv, dm):
             room = new_room()
             receiver = ks.KVReceiver(dm, self.addr, room)
             poll_until(receiver, [KVPoll.WaitingForInput])
             receiver.send_metadata([1], 0, [])
             t0 = time.monotonic()
             e = failure_of(receiver)
-            self.assertGreaterEqual(time.monotonic() - t0, 0.9)
+            self.assertGreaterEqual(time.monotonic() - t0, 2.0 + ks._LAND_SLACK - 0.1)
             self.assertEqual(e.code, "waiting-timeout")
             self.assertEqual(e.errno, errno.ETIMEDOUT)
             receiver.clear()
@@ -489,6 +492,93 @@ class SglangAdapterTest(unittest.TestCase):
         self.assertEqual(failure_of(sender).code, "aborted")
         sender.clear()
         receiver.clear()
+
+    def test_decode_abort_before_send(self) -> None:
+        """The decode side gives up after its metadata reached the prefill side,
+        which has not sent yet: the sender ends aborted-by-decode and never
+        submits; the receiver reports Failed only after that."""
+        sender, receiver = self.handshake(self.dm, new_room())
+        receiver.send_metadata([40, 41, 42], 0, [])
+        poll_until(sender, [KVPoll.WaitingForInput])
+        submitted = DAEMONS["prefill0"].admin_call("stats")["totals"]["xfers_submitted"]
+        receiver.abort()
+        d = failure_of(receiver)
+        self.assertEqual(d.code, "aborted")
+        self.assertEqual(sender.state, KVPoll.Failed, "the receiver reported Failed before the prefill side stopped")
+        e = failure_of(sender)
+        self.assertEqual((e.code, e.errno), ("aborted-by-decode", errno.ECANCELED))
+        self.assertIn("decode0", e.failure_reason)
+        sender.init(3, 0)  # what the prefill scheduler still calls
+        sender.send([1, 2, 3])
+        self.assertEqual(sender.poll(), KVPoll.Failed)
+        self.assertEqual(sender._next_piece, 0, "the aborted sender made kvproxy transfers")
+        self.assertEqual(DAEMONS["prefill0"].admin_call("stats")["totals"]["xfers_submitted"], submitted)
+        sender.clear()
+        receiver.clear()
+
+    def test_decode_abort_in_flight(self) -> None:
+        """The decode side gives up while the prefill side's transfers are in
+        flight (the prefill kvproxyd is stopped meanwhile, so they stay so
+        until the abort was seen):
+        the receiver reports Failed only after the prefill side cancelled
+        them and their completions came back, and nothing lands after."""
+        pd, dd = DAEMONS["prefill0"], DAEMONS["decode0"]
+
+        def moved() -> Tuple[int, int]:
+            tx = [p["tx_bytes"] for p in pd.admin_call("stats")["peers"] if p["node_id"] == "decode0"]
+            rx = [p["rx_bytes"] for p in dd.admin_call("stats")["peers"] if p["node_id"] == "prefill0"]
+            return tx[0], rx[0]
+
+        with worker(ks.DisaggregationMode.PREFILL, "prefill0", pages=256, item_k=1 << 18, max_inflight=2) as (pkv, pm), \
+                worker(ks.DisaggregationMode.DECODE, "decode0", pages=256, item_k=1 << 18) as (dkv, dm):
+            rnd = random.Random(83)
+            pages = list(range(256))
+            pkv.fill_pages(pages, rnd)
+            nbuf = len(dkv.ptrs)
+            for b in range(nbuf):  # a sentinel where the data goes
+                ctypes.memset(dkv.ptrs[b], 0xA5, dkv.lens[b])
+            tx0, rx0 = moved()
+            sender, receiver = self.handshake(dm, new_room(), pm=pm)
+            receiver.send_metadata(pages, 0, [])
+            poll_until(sender, [KVPoll.WaitingForInput])
+            sender.init(len(pages), 0)
+            sender.send(pages)
+            deadline = time.monotonic() + XFER_TIMEOUT
+            while receiver._landed_bytes == 0:  # the first transfer is in: the others are under way
+                self.assertLess(time.monotonic(), deadline, "nothing landed")
+                dm.wait_for_change(0.05)
+            os.kill(pd.proc.pid, signal.SIGSTOP)
+            try:
+                self.assertLess(receiver._landed_bytes, receiver._expected, "the transfer ended before the abort")
+                self.assertEqual(sender.poll(), KVPoll.Transferring)
+                self.assertGreaterEqual(len(pm._inflight), 1)
+                receiver.abort()
+                e = failure_of(sender)  # the prefill manager saw the abort and cancelled
+                self.assertEqual(e.code, "aborted-by-decode")
+                # No completion can come back from the stopped daemon: the
+                # prefill side has not acknowledged, the receiver must wait.
+                self.assertGreater(sender._pending, 0)
+                self.assertEqual(receiver.poll(), KVPoll.Transferring)
+            finally:
+                os.kill(pd.proc.pid, signal.SIGCONT)
+            d = failure_of(receiver)
+            self.assertEqual(d.code, "aborted")
+            self.assertEqual(sender._pending, 0, "Failed reported before the cancelled transfers completed")
+            self.assertEqual(pm._inflight, {})
+            at_failed = [ctypes.string_at(dkv.ptrs[b], dkv.lens[b]) for b in range(nbuf)]
+            # Until every byte prefill0 sent to decode0 was received there.
+            deadline = time.monotonic() + XFER_TIMEOUT
+            while (m := moved()) and m[0] - tx0 != m[1] - rx0:
+                self.assertLess(time.monotonic(), deadline, f"sent {m[0] - tx0} bytes, received {m[1] - rx0}")
+                dm.wait_for_change(0.05)
+            log(f"abort in flight: {m[0] - tx0} of {len(pages) * sum(dkv.items)} bytes moved before the cancel")
+            self.assertGreater(m[0] - tx0, 0, "nothing was on the wire")
+            self.assertLess(m[0] - tx0, len(pages) * sum(dkv.items), "the transfer was not cut short")
+            for b in range(nbuf):
+                self.assertEqual(ctypes.string_at(dkv.ptrs[b], dkv.lens[b]), at_failed[b],
+                                 f"buffer {b}: bytes landed after the receiver reported Failed")
+            sender.clear()
+            receiver.clear()
 
     # ---- set-up errors ----
 
