@@ -85,10 +85,11 @@ side's setting, else 30 s) after that at the latest; the receiver waits
 that long after its last put of the metadata, plus 2 s. Only then does it
 report ``Failed`` with its own code. Metadata never sent is dropped, no
 abort needed; ``close()`` posts the aborts and fails at once (the daemon
-drops the closed manager's regions), as does a dead kvproxyd. With TCP a
-cancelled transfer completes once its frames left the prefill kvproxyd;
-frames already in the socket buffers still land, before the acknowledgement
-makes its way through the mailbox in practice, not by a guarantee.
+drops the closed manager's regions), as does a dead kvproxyd. kvproxyd
+completes a cancelled transfer only once nothing more of it can land (TCP:
+the receiving kvproxyd acknowledged its last frame; RDMA: its posted writes
+completed), so the prefill side's ``aborted`` comes after its last byte; a
+connection that fails first is the exception (the peer timeout bounds it).
 
 Bootstrap exchange (side channel)
 ---------------------------------
