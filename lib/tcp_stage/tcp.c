@@ -274,10 +274,8 @@ handle_cqe(struct tcp_ctx *t, const struct io_uring_cqe *cqe)
 	c->ops--;
 	if (op == UOP_SEND)
 		tcp_send_done(t, c, (cqe->flags & IORING_CQE_F_NOTIF) ? c->zc_res : cqe->res);
-	else if (op == UOP_RECV)
-		tcp_recv_done(t, c, cqe->res);
-	else if (op == UOP_RECV_NEXT)
-		tcp_recv_next_done(t, c, cqe->res);
+	else if (op == UOP_RECV || op == UOP_RECV_NEXT)
+		tcp_recv_done(t, c, cqe->res, op == UOP_RECV_NEXT);
 	if (c->state == CONN_CLOSING && c->ops == 0)
 		conn_finish_close(t, c);
 }
@@ -392,11 +390,12 @@ static void
 tcp_disconnect(void *tctx, uint16_t peer)
 {
 	struct tcp_ctx *t = tctx;
+	uint32_t base = conn_index(t, peer, 0, true); /* both directions' links follow */
 
-	if (conn_index(t, peer, 0, true) >= t->nconns)
+	if (base >= t->nconns)
 		return;
 	for (uint32_t i = 0; i < 2 * t->links; i++)
-		tcp_conn_fail(t, &t->conns[conn_index(t, peer, 0, true) + i], "disconnect requested");
+		tcp_conn_fail(t, &t->conns[base + i], "disconnect requested");
 }
 
 void

@@ -220,8 +220,7 @@ void tcp_tx_sweep(struct tcp_ctx *t, uint64_t now);
 
 /* tcp_rx.c */
 int tcp_start_recv(struct tcp_ctx *t, struct tcp_conn *c);
-void tcp_recv_done(struct tcp_ctx *t, struct tcp_conn *c, int res);
-void tcp_recv_next_done(struct tcp_ctx *t, struct tcp_conn *c, int res);
+void tcp_recv_done(struct tcp_ctx *t, struct tcp_conn *c, int res, bool next);
 int tcp_process_rx(struct tcp_ctx *t, struct tcp_conn *c);
 void tcp_rx_reset(struct tcp_ctx *t, struct tcp_conn *c);
 

@@ -135,38 +135,25 @@ rxbuf_filled(struct tcp_conn *c, int n)
 		c->rx_state = RX_BODY;
 }
 
+/* A recv completed: the one in flight (@p next false) or the one linked behind it. */
 void
-tcp_recv_done(struct tcp_ctx *t, struct tcp_conn *c, int res)
+tcp_recv_done(struct tcp_ctx *t, struct tcp_conn *c, int res, bool next)
 {
+	if (next)
+		c->recv_next = false;
 	c->recv_busy = c->recv_next; /* the linked recv, if any, is still to come */
-	if (c->state != CONN_UP)
+	/* Linked recv cancelled: the payload recv before it fell short; the loop asks again. */
+	if (c->state != CONN_UP || (next && res == -ECANCELED))
 		return;
 	if (res <= 0) {
 		tcp_conn_fail(t, c, res == 0 ? "closed by peer" : strerror(-res));
 		return;
 	}
 	c->last_rx_ns = kvp_mono_ns();
-	if (c->recv_direct) {
+	if (!next && c->recv_direct)
 		landed(t, c, (uint64_t)res);
-		return;
-	}
-	rxbuf_filled(c, res);
-}
-
-void
-tcp_recv_next_done(struct tcp_ctx *t, struct tcp_conn *c, int res)
-{
-	c->recv_next = false;
-	c->recv_busy = false;
-	/* Cancelled: the payload recv before it fell short; the loop asks again. */
-	if (c->state != CONN_UP || res == -ECANCELED)
-		return;
-	if (res <= 0) {
-		tcp_conn_fail(t, c, res == 0 ? "closed by peer" : strerror(-res));
-		return;
-	}
-	c->last_rx_ns = kvp_mono_ns();
-	rxbuf_filled(c, res);
+	else
+		rxbuf_filled(c, res);
 }
 
 /* @return false if the payload must wait for a receive staging buffer. */
