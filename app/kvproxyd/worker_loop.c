@@ -28,7 +28,9 @@ worker_sleep(struct kvp_worker *w)
 	};
 	/* Heartbeats are due every peer_ms / 4: wake often enough to send them. */
 	int idle = (int)(w->cfg->peer_timeout_ms / 8);
-	int timeout = w->nfree < w->nxfers ? SLEEP_BUSY_MS : idle < SLEEP_IDLE_MS ? idle : SLEEP_IDLE_MS;
+	/* Ended transfers waiting for CQ room have no deadline left to watch. */
+	bool active = w->nfree + w->nbacklog < w->nxfers;
+	int timeout = active ? SLEEP_BUSY_MS : idle < SLEEP_IDLE_MS ? idle : SLEEP_IDLE_MS;
 
 	poll(pfd, 2, timeout);
 	kvp_worker_finish_sleep(w);

@@ -5,13 +5,20 @@
  * Control calls are one fixed-size request and one fixed-size reply on the
  * UNIX socket (fds ride along with SCM_RIGHTS); the data path is the SPSC
  * rings of the channel that HELLO hands over. Only kvp_connect() allocates.
+ *
+ * Bounds: every wait on the socket is a poll() against a deadline (the
+ * connect timeout for HELLO, the control timeout afterwards); the data path
+ * never waits. A hang-up of the socket is the daemon's death: it is sticky
+ * (c->gone) and every call reports it with -EPIPE.
  */
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -27,6 +34,8 @@
 #define CTRL_FDS_MAX  HELLO_FDS
 #define NSEC_PER_SEC  1000000000ull
 #define NSEC_PER_MSEC 1000000ull
+#define GONE_CHECK_NS ((uint64_t)KVP_GONE_CHECK_US * 1000)
+#define NO_DEADLINE   UINT64_MAX
 
 struct kvp_client {
 	int sock;
@@ -42,6 +51,14 @@ struct kvp_client {
 	 * on another thread and must then not mistake that reply for garbage.
 	 */
 	atomic_uint ctrl_gen; /* odd while a control call runs; bumped at its start and end */
+	/* The socket hung up: the daemon is gone. Set by any thread, never cleared. */
+	atomic_bool gone;
+	/* A timeout left half a message on the socket: request/reply framing is lost. */
+	bool ctrl_broken;
+	int ctrl_timeout_ms; /* -1: no bound */
+	/* Last liveness check of the submit thread and of the completion thread. */
+	uint64_t sq_check_ns;
+	uint64_t cq_check_ns;
 	uint32_t client_id;
 	uint32_t max_segs; /* daemon limit, clamped to what the SQ can hold */
 	/* Header plus max_segs segments, staged for one bulk enqueue. */
@@ -72,6 +89,79 @@ now_ns(void)
 	return (uint64_t)ts.tv_sec * NSEC_PER_SEC + (uint64_t)ts.tv_nsec;
 }
 
+static uint64_t
+deadline_of(int timeout_ms)
+{
+	return timeout_ms < 0 ? NO_DEADLINE : now_ns() + (uint64_t)timeout_ms * NSEC_PER_MSEC;
+}
+
+/* Milliseconds until @p deadline for poll(), rounded up; -1 for none; 0 once passed. */
+static int
+ms_left(uint64_t deadline)
+{
+	uint64_t now;
+
+	if (deadline == NO_DEADLINE)
+		return -1;
+	now = now_ns();
+	if (now >= deadline)
+		return 0;
+	uint64_t ms = (deadline - now + NSEC_PER_MSEC - 1) / NSEC_PER_MSEC;
+
+	return ms > INT32_MAX ? INT32_MAX : (int)ms;
+}
+
+static void
+mark_gone(struct kvp_client *c)
+{
+	atomic_store_explicit(&c->gone, true, memory_order_relaxed);
+}
+
+/*
+ * Wait until the socket is ready for @p events or the deadline passes.
+ * @return 0 ready (or hung up: the next send/recv says so); -ETIMEDOUT; -errno
+ */
+static int
+wait_sock(struct kvp_client *c, short events, uint64_t deadline)
+{
+	for (;;) {
+		struct pollfd p = { .fd = c->sock, .events = events };
+		int ms = ms_left(deadline);
+		int rc = poll(&p, 1, ms);
+
+		if (rc > 0)
+			return 0;
+		if (rc == 0)
+			return -ETIMEDOUT;
+		if (errno != EINTR)
+			return -errno;
+	}
+}
+
+/*
+ * Data-path liveness: has the daemon hung up? One poll() of the socket at
+ * most every KVP_GONE_CHECK_US per calling thread (@p last is that thread's
+ * stamp), so the submit and completion paths stay free of system calls.
+ */
+static bool
+gone_check(struct kvp_client *c, uint64_t *last, uint64_t now)
+{
+	if (atomic_load_explicit(&c->gone, memory_order_relaxed))
+		return true;
+	if (now - *last < GONE_CHECK_NS)
+		return false;
+	*last = now;
+
+	/* No events asked for: POLLHUP and POLLERR are reported anyway. */
+	struct pollfd p = { .fd = c->sock, .events = 0 };
+
+	if (poll(&p, 1, 0) > 0 && (p.revents & (POLLHUP | POLLERR | POLLNVAL))) {
+		mark_gone(c);
+		return true;
+	}
+	return false;
+}
+
 static void
 close_fds(int *fds, unsigned int n)
 {
@@ -81,9 +171,10 @@ close_fds(int *fds, unsigned int n)
 }
 
 static int
-send_all(struct kvp_client *c, const void *buf, size_t len, int fd)
+send_all(struct kvp_client *c, const void *buf, size_t len, int fd, uint64_t deadline)
 {
 	const uint8_t *p = buf;
+	size_t total = len;
 	union {
 		struct cmsghdr align;
 		char buf[CMSG_SPACE(sizeof(int))];
@@ -105,12 +196,29 @@ send_all(struct kvp_client *c, const void *buf, size_t len, int fd)
 			cm->cmsg_len = CMSG_LEN(sizeof(int));
 			memcpy(CMSG_DATA(cm), &fd, sizeof(int));
 		}
-		ssize_t n = sendmsg(c->sock, &msg, MSG_NOSIGNAL);
+		ssize_t n = sendmsg(c->sock, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
 
 		if (n < 0) {
 			if (errno == EINTR)
 				continue;
+			if (errno == EAGAIN || errno == EWOULDBLOCK) {
+				int rc = wait_sock(c, POLLOUT, deadline);
+
+				if (rc == -ETIMEDOUT) {
+					set_error(c, "kvproxyd did not take the request within the "
+						     "timeout (daemon stopped or stuck?)");
+					/* Half a request on the socket: nothing after it parses. */
+					c->ctrl_broken = len != total;
+					return rc;
+				}
+				if (rc < 0) {
+					set_error(c, "waiting to send to kvproxyd failed");
+					return rc;
+				}
+				continue;
+			}
 			if (errno == EPIPE || errno == ECONNRESET) {
+				mark_gone(c);
 				set_error(c, "kvproxyd closed the connection");
 				return -EPIPE;
 			}
@@ -130,9 +238,11 @@ send_all(struct kvp_client *c, const void *buf, size_t len, int fd)
  * fds we did not ask for must still be closed rather than leaked.
  */
 static int
-recv_all(struct kvp_client *c, void *buf, size_t len, int *fds, unsigned int *nfds)
+recv_all(struct kvp_client *c, void *buf, size_t len, int *fds, unsigned int *nfds,
+	 uint64_t deadline)
 {
 	uint8_t *p = buf;
+	size_t total = len;
 	bool extra = false;
 	union {
 		struct cmsghdr align;
@@ -148,14 +258,30 @@ recv_all(struct kvp_client *c, void *buf, size_t len, int *fds, unsigned int *nf
 			.msg_control = cbuf.buf,
 			.msg_controllen = sizeof(cbuf.buf),
 		};
-		ssize_t n = recvmsg(c->sock, &msg, MSG_CMSG_CLOEXEC);
+		ssize_t n = recvmsg(c->sock, &msg, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
 
 		if (n < 0) {
 			if (errno == EINTR)
 				continue;
 			int err = errno == ECONNRESET ? EPIPE : errno;
 
-			set_error(c, "receiving from kvproxyd failed");
+			if (err == EAGAIN || err == EWOULDBLOCK) {
+				err = -wait_sock(c, POLLIN, deadline);
+				if (err == 0)
+					continue;
+				if (err == ETIMEDOUT) {
+					set_error(c, "kvproxyd did not answer within the timeout "
+						     "(daemon stopped or stuck?)");
+					/* Half a reply read: the next one would start mid-message. */
+					c->ctrl_broken = len != total;
+				} else {
+					set_error(c, "waiting for kvproxyd failed");
+				}
+			} else {
+				if (err == EPIPE)
+					mark_gone(c);
+				set_error(c, "receiving from kvproxyd failed");
+			}
 			close_fds(fds, *nfds);
 			*nfds = 0;
 			return -err;
@@ -180,6 +306,7 @@ recv_all(struct kvp_client *c, void *buf, size_t len, int *fds, unsigned int *nf
 		if (msg.msg_flags & MSG_CTRUNC)
 			extra = true;
 		if (n == 0) {
+			mark_gone(c);
 			set_error(c, "kvproxyd closed the connection");
 			close_fds(fds, *nfds);
 			*nfds = 0;
@@ -202,25 +329,59 @@ recv_all(struct kvp_client *c, void *buf, size_t len, int *fds, unsigned int *nf
  * many fds are returned in @p fds; in every other case none are left open.
  */
 static int
-ctrl_call(struct kvp_client *c, struct kvp_ctrl_req *req, int send_fd, struct kvp_ctrl_rep *rep,
-	  int *fds, unsigned int want_fds)
+ctrl_call_until(struct kvp_client *c, struct kvp_ctrl_req *req, int send_fd,
+		struct kvp_ctrl_rep *rep, int *fds, unsigned int want_fds, uint64_t deadline)
 {
 	int rfds[CTRL_FDS_MAX];
 	unsigned int nfds = 0;
 	int rc;
 
+	if (atomic_load_explicit(&c->gone, memory_order_relaxed)) {
+		set_error(c, "kvproxyd closed the connection");
+		return -EPIPE;
+	}
+	if (c->ctrl_broken) {
+		set_error(c, "the control connection is out of step after a timed-out call; "
+			     "close the client and connect again");
+		return -EPROTO;
+	}
 	req->magic = KVP_CTRL_MAGIC;
 	req->abi_version = KVP_ABI_VERSION;
 	req->seq = ++c->seq;
 	/* Pairs with the loads in check_sock(): odd before the reply can arrive. */
 	atomic_fetch_add(&c->ctrl_gen, 1);
-	rc = send_all(c, req, sizeof(*req), send_fd);
-	if (rc == 0)
-		rc = recv_all(c, rep, sizeof(*rep), rfds, &nfds);
+	rc = send_all(c, req, sizeof(*req), send_fd, deadline);
+	if (rc == -EPIPE && req->op == KVP_CTRL_HELLO) {
+		/* A daemon that refuses a connection answers and closes: read why. */
+		if (recv_all(c, rep, sizeof(*rep), rfds, &nfds, now_ns()) == 0 &&
+		    rep->magic == KVP_CTRL_MAGIC && rep->op == req->op && rep->err != 0) {
+			rc = 0;
+		} else {
+			close_fds(rfds, nfds);
+			nfds = 0;
+			set_error(c, "kvproxyd closed the connection");
+		}
+	} else {
+		while (rc == 0) {
+			rc = recv_all(c, rep, sizeof(*rep), rfds, &nfds, deadline);
+			/* The late reply of a call that timed out before: not ours. */
+			if (rc == 0 && rep->magic == KVP_CTRL_MAGIC && rep->seq < req->seq &&
+			    req->op != KVP_CTRL_HELLO) {
+				close_fds(rfds, nfds);
+				nfds = 0;
+				continue;
+			}
+			break;
+		}
+	}
 	atomic_fetch_add(&c->ctrl_gen, 1);
 	if (rc < 0)
 		return rc;
 
+	/* A refusal sent before the daemon read our HELLO cannot know its seq. */
+	if (req->op == KVP_CTRL_HELLO && rep->magic == KVP_CTRL_MAGIC && rep->op == req->op &&
+	    rep->err != 0)
+		rep->seq = req->seq;
 	if (rep->magic != KVP_CTRL_MAGIC || rep->op != req->op || rep->seq != req->seq) {
 		set_error(c, "malformed reply from kvproxyd");
 		rc = -EPROTO;
@@ -242,6 +403,15 @@ ctrl_call(struct kvp_client *c, struct kvp_ctrl_req *req, int send_fd, struct kv
 	return 0;
 }
 
+/* A control call after kvp_connect(), bounded by the client's control timeout. */
+static int
+ctrl_call(struct kvp_client *c, struct kvp_ctrl_req *req, int send_fd, struct kvp_ctrl_rep *rep,
+	  int *fds, unsigned int want_fds)
+{
+	return ctrl_call_until(c, req, send_fd, rep, fds, want_fds,
+			       deadline_of(c->ctrl_timeout_ms));
+}
+
 static void
 ctrl_init(struct kvp_ctrl_req *req, uint16_t op)
 {
@@ -249,8 +419,13 @@ ctrl_init(struct kvp_ctrl_req *req, uint16_t op)
 	req->op = op;
 }
 
+/*
+ * Connect within @p deadline. A UNIX connect() waits while the listener's
+ * backlog is full (a stopped daemon), bounded by SO_SNDTIMEO, after which it
+ * fails with EAGAIN.
+ */
 static int
-sock_connect(const char *path, int *out)
+sock_connect(const char *path, int *out, uint64_t deadline)
 {
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };
 	size_t n = strlen(path);
@@ -262,16 +437,41 @@ sock_connect(const char *path, int *out)
 	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
 	if (fd < 0)
 		return -errno;
-	do {
-		rc = connect(fd, (struct sockaddr *)&sa, sizeof(sa));
-	} while (rc < 0 && errno == EINTR);
-	if (rc < 0) {
-		rc = -errno;
-		close(fd);
-		return rc;
+	for (;;) {
+		int ms = ms_left(deadline);
+
+		if (ms == 0) {
+			rc = -ETIMEDOUT;
+			break;
+		}
+		/* 0 means no bound to SO_SNDTIMEO, as -1 does to us. */
+		struct timeval tv = { .tv_sec = ms < 0 ? 0 : ms / 1000,
+				      .tv_usec = ms < 0 ? 0 : (ms % 1000) * 1000 };
+
+		if (setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv)) < 0) {
+			rc = -errno;
+			break;
+		}
+		if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0) {
+			rc = 0;
+			break;
+		}
+		if (errno != EINTR) {
+			/* EAGAIN: the backlog stayed full until SO_SNDTIMEO ran out. */
+			rc = errno == EAGAIN ? -ETIMEDOUT : -errno;
+			break;
+		}
 	}
-	*out = fd;
-	return 0;
+	if (rc == 0) {
+		/* Later sends wait through poll() against their own deadlines. */
+		struct timeval none = { 0 };
+
+		setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &none, sizeof(none));
+		*out = fd;
+		return 0;
+	}
+	close(fd);
+	return rc;
 }
 
 /* Map and validate the channel; the memfd is closed either way (the mapping keeps it). */
@@ -308,40 +508,88 @@ chan_map(struct kvp_client *c, int memfd, uint64_t chan_size)
 	return 0;
 }
 
-int
-kvp_connect(const char *sock_path, uint32_t sq_entries, uint32_t cq_entries,
-	    struct kvp_client **out)
+/* The reason of a failed connect, for the caller's buffer (the client is gone by then). */
+static void
+connect_error(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+static void
+connect_error(char *err, size_t errlen, const char *fmt, ...)
 {
+	va_list ap;
+
+	if (err == NULL || errlen == 0)
+		return;
+	va_start(ap, fmt);
+	vsnprintf(err, errlen, fmt, ap);
+	va_end(ap);
+}
+
+static bool
+opts_valid(const struct kvp_connect_opts *o)
+{
+	for (size_t i = 0; i < sizeof(o->rsvd) / sizeof(o->rsvd[0]); i++)
+		if (o->rsvd[i] != 0)
+			return false;
+	return o->timeout_ms >= -1 && o->ctrl_timeout_ms >= -1;
+}
+
+int
+kvp_connect_ex(const char *sock_path, const struct kvp_connect_opts *opts, struct kvp_client **out,
+	       char *err, size_t errlen)
+{
+	static const struct kvp_connect_opts defaults;
 	struct kvp_ctrl_req req;
 	struct kvp_ctrl_rep rep;
 	struct kvp_client *c;
 	int fds[HELLO_FDS];
+	uint64_t deadline;
 	int rc;
 
-	if (sock_path == NULL || out == NULL)
+	if (err != NULL && errlen > 0)
+		err[0] = '\0';
+	if (opts == NULL)
+		opts = &defaults;
+	if (sock_path == NULL || out == NULL || !opts_valid(opts)) {
+		connect_error(err, errlen, "invalid arguments");
 		return -EINVAL;
+	}
+	deadline = deadline_of(opts->timeout_ms ? opts->timeout_ms : KVP_CONNECT_TIMEOUT_MS);
 	c = calloc(1, sizeof(*c));
-	if (c == NULL)
+	if (c == NULL) {
+		connect_error(err, errlen, "out of memory");
 		return -ENOMEM;
+	}
 	c->sock = c->sq_doorbell = c->cq_notify = -1;
+	c->ctrl_timeout_ms = opts->ctrl_timeout_ms ? opts->ctrl_timeout_ms : KVP_CTRL_TIMEOUT_MS;
 	atomic_init(&c->ctrl_gen, 0);
+	atomic_init(&c->gone, false);
 
-	rc = sock_connect(sock_path, &c->sock);
-	if (rc < 0)
+	rc = sock_connect(sock_path, &c->sock, deadline);
+	if (rc < 0) {
+		connect_error(err, errlen, "%s: %s", sock_path,
+			      rc == -ETIMEDOUT ? "kvproxyd did not accept the connection in time "
+						 "(daemon stopped or overloaded?)"
+					       : strerror(-rc));
 		goto err_free;
+	}
 
 	ctrl_init(&req, KVP_CTRL_HELLO);
-	req.u.hello.sq_entries = sq_entries;
-	req.u.hello.cq_entries = cq_entries;
+	req.u.hello.sq_entries = opts->sq_entries;
+	req.u.hello.cq_entries = opts->cq_entries;
 	req.u.hello.pid = (int32_t)getpid();
-	rc = ctrl_call(c, &req, -1, &rep, fds, HELLO_FDS);
-	if (rc < 0)
+	rc = ctrl_call_until(c, &req, -1, &rep, fds, HELLO_FDS, deadline);
+	if (rc < 0) {
+		/* The daemon's own reason when it refused us, else what went wrong here. */
+		connect_error(err, errlen, "%s", c->errmsg);
 		goto err_close_sock;
+	}
 	c->sq_doorbell = fds[1];
 	c->cq_notify = fds[2];
 	rc = chan_map(c, fds[0], rep.u.hello.chan_size);
-	if (rc < 0)
+	if (rc < 0) {
+		connect_error(err, errlen, "%s", c->errmsg);
 		goto err_close_fds;
+	}
 
 	c->client_id = rep.u.hello.client_id;
 	memcpy(c->node_id, rep.u.hello.node_id, KVP_NODE_ID_MAX);
@@ -353,11 +601,13 @@ kvp_connect(const char *sock_path, uint32_t sq_entries, uint32_t cq_entries,
 	if (c->max_segs > c->sq.size - 1)
 		c->max_segs = c->sq.size - 1;
 	if (c->max_segs == 0) {
+		connect_error(err, errlen, "kvproxyd announced 0 segments per transfer");
 		rc = -EPROTO;
 		goto err_unmap;
 	}
 	c->scratch = calloc(1 + (size_t)c->max_segs, sizeof(*c->scratch));
 	if (c->scratch == NULL) {
+		connect_error(err, errlen, "out of memory");
 		rc = -ENOMEM;
 		goto err_unmap;
 	}
@@ -374,6 +624,24 @@ err_close_sock:
 err_free:
 	free(c);
 	return rc;
+}
+
+int
+kvp_connect(const char *sock_path, uint32_t sq_entries, uint32_t cq_entries,
+	    struct kvp_client **out)
+{
+	struct kvp_connect_opts o = { .sq_entries = sq_entries, .cq_entries = cq_entries };
+
+	return kvp_connect_ex(sock_path, &o, out, NULL, 0);
+}
+
+int
+kvp_set_ctrl_timeout(struct kvp_client *c, int timeout_ms)
+{
+	if (c == NULL || timeout_ms < -1)
+		return -EINVAL;
+	c->ctrl_timeout_ms = timeout_ms ? timeout_ms : KVP_CTRL_TIMEOUT_MS;
+	return 0;
 }
 
 void
@@ -399,13 +667,13 @@ kvp_last_error(const struct kvp_client *c)
 const char *
 kvp_node_id(const struct kvp_client *c)
 {
-	return c->node_id;
+	return c != NULL ? c->node_id : "";
 }
 
 uint32_t
 kvp_max_segments(const struct kvp_client *c)
 {
-	return c->max_segs;
+	return c != NULL ? c->max_segs : 0;
 }
 
 int
@@ -416,6 +684,8 @@ kvp_region_register(struct kvp_client *c, int fd, uint64_t fd_offset, uint64_t l
 	struct kvp_ctrl_rep rep;
 	int rc;
 
+	if (c == NULL)
+		return -EINVAL;
 	if (fd < 0 || len == 0 || key == NULL) {
 		set_error(c, "invalid region arguments");
 		return -EINVAL;
@@ -461,6 +731,8 @@ int
 kvp_region_register_cuda_ipc(struct kvp_client *c, const void *ipc_handle, uint64_t offset,
 			     uint64_t len, int device, uint64_t *key)
 {
+	if (c == NULL)
+		return -EINVAL;
 	if (ipc_handle == NULL) {
 		set_error(c, "no IPC handle");
 		return -EINVAL;
@@ -472,6 +744,8 @@ int
 kvp_region_register_cuda_fd(struct kvp_client *c, int fd, uint64_t len, int device,
 			    uint64_t *key)
 {
+	if (c == NULL)
+		return -EINVAL;
 	if (fd < 0) {
 		set_error(c, "invalid fd");
 		return -EINVAL;
@@ -485,6 +759,8 @@ kvp_region_deregister(struct kvp_client *c, uint64_t key)
 	struct kvp_ctrl_req req;
 	struct kvp_ctrl_rep rep;
 
+	if (c == NULL)
+		return -EINVAL;
 	ctrl_init(&req, KVP_CTRL_DEREG);
 	req.u.dereg.key = key;
 	return ctrl_call(c, &req, -1, &rep, NULL, 0);
@@ -498,8 +774,12 @@ kvp_peer_lookup(struct kvp_client *c, const char *node_id, uint16_t *peer)
 	size_t n;
 	int rc;
 
-	if (node_id == NULL || peer == NULL)
+	if (c == NULL)
 		return -EINVAL;
+	if (node_id == NULL || peer == NULL) {
+		set_error(c, "invalid peer lookup arguments");
+		return -EINVAL;
+	}
 	n = strnlen(node_id, KVP_NODE_ID_MAX);
 	if (n == 0 || n >= KVP_NODE_ID_MAX) {
 		set_error(c, "node id is empty or too long");
@@ -514,25 +794,34 @@ kvp_peer_lookup(struct kvp_client *c, const char *node_id, uint16_t *peer)
 	return 0;
 }
 
-/*
- * Ring the SQ doorbell if the daemon announced it sleeps. A failed write is
- * not reported: the entries are already published, and a daemon that cannot
- * be woken is a dead daemon, which kvp_wait() reports as -EPIPE.
- */
+/* Write the worker's doorbell (the SQ consumer's and the parked CQ producer's). */
 static void
-sq_kick(struct kvp_client *c)
+ring_doorbell(struct kvp_client *c)
 {
 	uint64_t one = 1;
 
-	if (!kvp_ring_wakeup_needed(&c->sq))
-		return;
 	while (write(c->sq_doorbell, &one, sizeof(one)) < 0 && errno == EINTR)
 		;
 }
 
-static int
-sq_publish(struct kvp_client *c, const void *sqes, uint32_t n)
+/*
+ * Ring the SQ doorbell if the daemon announced it sleeps. A failed write is
+ * not reported: the entries are already published, and a daemon that cannot
+ * be woken is a dead daemon, which the next call reports as -EPIPE.
+ */
+static void
+sq_kick(struct kvp_client *c)
 {
+	if (kvp_ring_wakeup_needed(&c->sq))
+		ring_doorbell(c);
+}
+
+static int
+sq_publish(struct kvp_client *c, const void *sqes, uint32_t n, uint64_t now)
+{
+	if (gone_check(c, &c->sq_check_ns, now))
+		return -EPIPE;
+
 	int rc = kvp_ring_enqueue_bulk(&c->sq, sqes, n);
 
 	if (rc < 0)
@@ -548,10 +837,11 @@ kvp_submit(struct kvp_client *c, const struct kvp_xfer_desc *x, const struct kvp
 	   uint32_t nseg)
 {
 	/* max_segs < sq.size, so nseg + 1 always fits the ring. */
-	if (x == NULL || segs == NULL || nseg == 0 || nseg > c->max_segs)
+	if (c == NULL || x == NULL || segs == NULL || nseg == 0 || nseg > c->max_segs)
 		return -EINVAL;
 
 	struct kvp_sqe_xfer *h = (struct kvp_sqe_xfer *)&c->scratch[0];
+	uint64_t now = now_ns();
 
 	memset(h, 0, sizeof(*h));
 	h->op = KVP_OP_XFER;
@@ -559,7 +849,7 @@ kvp_submit(struct kvp_client *c, const struct kvp_xfer_desc *x, const struct kvp
 	h->nseg = nseg;
 	h->user_id = x->user_id;
 	h->timeout_ns = x->timeout_ns;
-	h->submit_ns = now_ns();
+	h->submit_ns = now;
 	for (uint32_t i = 0; i < nseg; i++) {
 		struct kvp_sqe_seg *s = &c->scratch[1 + i];
 
@@ -571,7 +861,7 @@ kvp_submit(struct kvp_client *c, const struct kvp_xfer_desc *x, const struct kvp
 		s->dst_off = segs[i].dst_off;
 		s->len = segs[i].len;
 	}
-	return sq_publish(c, c->scratch, 1 + nseg);
+	return sq_publish(c, c->scratch, 1 + nseg, now);
 }
 
 int
@@ -579,17 +869,33 @@ kvp_cancel(struct kvp_client *c, uint64_t user_id)
 {
 	struct kvp_sqe_xfer h;
 
+	if (c == NULL)
+		return -EINVAL;
 	memset(&h, 0, sizeof(h));
 	h.op = KVP_OP_CANCEL;
 	h.user_id = user_id;
 	h.submit_ns = now_ns();
-	return sq_publish(c, &h, 1);
+	return sq_publish(c, &h, 1, h.submit_ns);
 }
 
 int
 kvp_poll(struct kvp_client *c, struct kvp_cqe *out, uint32_t max)
 {
-	return kvp_ring_dequeue_burst(&c->cq, out, max);
+	if (c == NULL || (out == NULL && max > 0))
+		return -EINVAL;
+
+	int n = kvp_ring_dequeue_burst(&c->cq, out, max);
+
+	if (n > 0) {
+		/* We freed CQ room: a worker parked on our full CQ wants to know. */
+		if (kvp_ring_room_wakeup_needed(&c->cq))
+			ring_doorbell(c);
+		return n;
+	}
+	/* Completions posted before the daemon died come first; then say it died. */
+	if (n == 0 && gone_check(c, &c->cq_check_ns, now_ns()))
+		return -EPIPE;
+	return n;
 }
 
 /*
@@ -624,7 +930,7 @@ kvp_wait(struct kvp_client *c, struct kvp_cqe *out, uint32_t max, int timeout_ms
 	uint64_t deadline = 0;
 	int n;
 
-	if (max == 0)
+	if (c == NULL || out == NULL || max == 0)
 		return -EINVAL;
 	if (timeout_ms > 0)
 		deadline = now_ns() + (uint64_t)timeout_ms * NSEC_PER_MSEC;
@@ -675,6 +981,8 @@ kvp_wait(struct kvp_client *c, struct kvp_cqe *out, uint32_t max, int timeout_ms
 			int err2 = check_sock(c, pfd[1].revents);
 
 			if (err2 < 0) {
+				if (err2 == -EPIPE)
+					mark_gone(c);
 				/* Completions posted before the daemon died are still the caller's. */
 				n = kvp_poll(c, out, max);
 				return n != 0 ? n : err2;
@@ -686,7 +994,7 @@ kvp_wait(struct kvp_client *c, struct kvp_cqe *out, uint32_t max, int timeout_ms
 uint32_t
 kvp_overflow(const struct kvp_client *c)
 {
-	return atomic_load_explicit(&c->cq.shm->overflow, memory_order_relaxed);
+	return c != NULL ? atomic_load_explicit(&c->cq.shm->overflow, memory_order_relaxed) : 0;
 }
 
 int

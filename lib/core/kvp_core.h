@@ -462,6 +462,7 @@ struct kvp_worker {
 	uint32_t nxfers;
 	uint32_t *free_idx;
 	uint32_t nfree;
+	uint32_t nbacklog; /**< of the slots in use, transfers ended and waiting for CQ room */
 	struct kvp_seg *segs; /**< nxfers * max_segments */
 	struct kvp_sqe_seg *sqe_scratch;
 
