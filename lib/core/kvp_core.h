@@ -696,6 +696,13 @@ struct kvp_node {
 	uint64_t auth_failures;
 	uint64_t clients_refused_cred;	/**< client connections from a uid/group not allowed */
 	uint64_t clients_refused_limit; /**< client connections beyond limits.max_clients */
+	uint64_t clients_refused_fds;	/**< clients refused for want of file descriptors */
+	uint64_t client_handshake_failures; /**< HELLOs refused or missing (protocol, rings, time) */
+	uint64_t ring_violations;	/**< clients disconnected for breaking the ring protocol */
+	uint64_t client_accept_pauses;	/**< times the client listener left epoll (no fds) */
+	int spare_fd;			/**< given up to accept a client when out of fds */
+	bool client_accept_paused;
+	uint64_t client_accept_retry_ns;
 	uint64_t next_reap_ns;
 	volatile bool quit;
 
@@ -735,6 +742,24 @@ int kvp_node_init(struct kvp_node *n, const struct kvp_config *cfg,
 		  const struct kvp_transport_ops *tops, unsigned nworkers, char *err,
 		  size_t errlen);
 
+/**
+ * Open files a node with this configuration may need at once: per client
+ * its socket, completion eventfd and one fd it sent ahead of its request;
+ * per peer both directions' links and a dial; admin connections, pending
+ * peer handshakes, and a reserve for the EAL, the transports and the CUDA
+ * driver.
+ */
+uint64_t kvp_node_fd_need(const struct kvp_config *cfg);
+
+/**
+ * Settle RLIMIT_NOFILE before start: with @p raise, lift the soft limit to
+ * the hard one (never lowers it); then compare with kvp_node_fd_need().
+ *
+ * @param msg  receives what was found (and done), or why it is not enough
+ * @return 0; -EMFILE if the limit cannot cover the configuration
+ */
+int kvp_node_fd_limit(const struct kvp_config *cfg, bool raise, char *msg, size_t msglen);
+
 /** Run the control plane for up to @p timeout_ms (one epoll round plus timers). */
 void kvp_node_poll(struct kvp_node *n, int timeout_ms);
 
@@ -752,6 +777,8 @@ struct kvp_msg *kvp_node_msg(struct kvp_node *n, int type);
 
 /* client_srv.c */
 void kvp_client_accept(struct kvp_node *n);
+/** Watch the client listener again after a pause for want of file descriptors. */
+void kvp_client_accept_resume(struct kvp_node *n);
 void kvp_client_input(struct kvp_node *n, uint32_t slot);
 void kvp_client_drop(struct kvp_node *n, struct kvp_client_conn *c, const char *why);
 void kvp_client_gone(struct kvp_node *n, struct kvp_chan *ch);
@@ -797,7 +824,10 @@ size_t kvp_stats_prometheus(const struct kvp_node *n, char *out, size_t outlen);
 
 /**
  * Write the Prometheus text to cfg.stats_file (temporary file + rename, the
- * node_exporter textfile convention). Main lcore.
+ * node_exporter textfile convention). The temporary file gets an
+ * unpredictable name in the target's directory and is created with O_EXCL |
+ * O_NOFOLLOW; rename() replaces the target name itself, never what a link
+ * there points to. Main lcore.
  *
  * @return 0; -ENOENT if no file is configured; negative errno on I/O failure
  */
