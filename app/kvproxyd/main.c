@@ -288,9 +288,9 @@ main(int argc, char **argv)
 	KVP_LOG(INFO, app, "%s", fdmsg);
 	if (cfg.auth_none)
 		KVP_LOG(WARNING, app,
-			"auth = \"none\": peers connecting to %s:%u are NOT authenticated; any host "
-			"that reaches the port can send KV into this node's regions and receive "
-			"what its clients send",
+			"SECURITY WARNING: auth = \"none\": peers connecting to %s:%u are NOT "
+			"authenticated; any host that reaches the port can send KV into this "
+			"node's regions and receive what its clients send",
 			cfg.listen_host, cfg.listen_port);
 	if (rte_lcore_count() < 2) {
 		fprintf(stderr, "kvproxyd: needs a main lcore and a worker lcore (e.g. -l 0,1)\n");

@@ -285,10 +285,11 @@ m_stats(struct kvp_node *n, json_t *params, struct rpc_err *e)
 				    (json_int_t)n->clients_refused_limit, "fds",
 				    (json_int_t)n->clients_refused_fds, "accept_pauses",
 				    (json_int_t)n->client_accept_pauses);
-	json_t *admin = json_pack("{s:i, s:I, s:I, s:I, s:I, s:I}", "connections",
+	json_t *admin = json_pack("{s:i, s:I, s:I, s:I, s:I, s:I, s:I}", "connections",
 				  (int)kvp_admin_open(n), "accepted", (json_int_t)as->accepted,
 				  "refused", (json_int_t)as->refused, "slow", (json_int_t)as->slow,
-				  "idle", (json_int_t)as->idle, "too_long", (json_int_t)as->too_long);
+				  "idle", (json_int_t)as->idle, "too_long", (json_int_t)as->too_long,
+				  "no_fds", (json_int_t)as->no_fds);
 	return json_pack("{s:s, s:f, s:s, s:o, s:o, s:o, s:o, s:o, s:o, s:i, s:o, s:o, s:o, s:o}",
 			 "node_id", n->cfg.node_id, "uptime_s", admin_uptime_s(n), "transport",
 			 n->tops->name, "totals", totals, "completions", comp, "staging", stage,

@@ -19,7 +19,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
-#include <fcntl.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
@@ -412,11 +411,7 @@ accept_out_of_fds(struct kvp_node *n)
 	int fd = -1;
 
 	getrlimit(RLIMIT_NOFILE, &rl);
-	if (n->spare_fd >= 0) {
-		close(n->spare_fd);
-		n->spare_fd = -1;
-		fd = accept4(n->client_lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
-	}
+	fd = kvp_node_accept_spare(n, n->client_lfd);
 	if (fd >= 0) {
 		n->clients_refused_fds++;
 		KVP_LOG_RL(WARNING, core,
@@ -427,8 +422,7 @@ accept_out_of_fds(struct kvp_node *n)
 			    "later",
 			    n->cfg.node_id, (unsigned long long)rl.rlim_cur);
 	}
-	n->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
-	if (n->spare_fd < 0)
+	if (!kvp_node_spare_restore(n))
 		accept_pause(n);
 }
 

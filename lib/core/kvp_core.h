@@ -642,6 +642,7 @@ struct kvp_admin_stats {
 	uint64_t slow;	   /**< a request line or a reply took longer than timeouts.admin_ms */
 	uint64_t idle;	   /**< nothing to do for timeouts.admin_idle_ms */
 	uint64_t too_long; /**< a request line longer than KVP_ADMIN_LINEMAX */
+	uint64_t no_fds;   /**< refused: kvproxyd had no file descriptor left */
 };
 
 /** An RDMA port as found at start (filled by the application from its probe). */
@@ -700,9 +701,11 @@ struct kvp_node {
 	uint64_t client_handshake_failures; /**< HELLOs refused or missing (protocol, rings, time) */
 	uint64_t ring_violations;	/**< clients disconnected for breaking the ring protocol */
 	uint64_t client_accept_pauses;	/**< times the client listener left epoll (no fds) */
-	int spare_fd;			/**< given up to accept a client when out of fds */
+	int spare_fd;			/**< given up to accept (and refuse) a connection when out of fds */
 	bool client_accept_paused;
 	uint64_t client_accept_retry_ns;
+	bool admin_accept_paused;
+	uint64_t admin_accept_retry_ns;
 	uint64_t next_reap_ns;
 	volatile bool quit;
 
@@ -759,6 +762,16 @@ uint64_t kvp_node_fd_need(const struct kvp_config *cfg);
  * @return 0; -EMFILE if the limit cannot cover the configuration
  */
 int kvp_node_fd_limit(const struct kvp_config *cfg, bool raise, char *msg, size_t msglen);
+
+/**
+ * Out of file descriptors: give up the node's spare one and accept one
+ * connection on @p lfd, to refuse it with the reason (the caller closes it).
+ * @return the connection, or -1 (no spare, or nothing to accept)
+ */
+int kvp_node_accept_spare(struct kvp_node *n, int lfd);
+
+/** Take the spare descriptor back after kvp_node_accept_spare(). @return false if none was left */
+bool kvp_node_spare_restore(struct kvp_node *n);
 
 /** Run the control plane for up to @p timeout_ms (one epoll round plus timers). */
 void kvp_node_poll(struct kvp_node *n, int timeout_ms);

@@ -144,6 +144,27 @@ kvp_node_send(struct kvp_node *n, unsigned worker, struct kvp_msg *m)
 	return 0;
 }
 
+int
+kvp_node_accept_spare(struct kvp_node *n, int lfd)
+{
+	int fd = -1;
+
+	if (n->spare_fd >= 0) {
+		close(n->spare_fd);
+		n->spare_fd = -1;
+		fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+	}
+	return fd;
+}
+
+bool
+kvp_node_spare_restore(struct kvp_node *n)
+{
+	if (n->spare_fd < 0)
+		n->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+	return n->spare_fd >= 0;
+}
+
 /*
  * Create the socket's directory when it is missing (its last component
  * only: a missing parent is a configuration error): mode @p mode, group

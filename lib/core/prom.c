@@ -258,6 +258,10 @@ kvp_stats_prometheus(const struct kvp_node *n, char *out, size_t outlen)
 	     "Admin connections refused: the connection limit was reached.");
 	pb(&b, "kvproxy_admin_refused_total{node=\"%s\"} %" PRIu64 "\n", node,
 	   n->admin_stats.refused);
+	head(&b, "kvproxy_admin_refused_fds_total", "counter",
+	     "Admin connections refused: no file descriptor left.");
+	pb(&b, "kvproxy_admin_refused_fds_total{node=\"%s\"} %" PRIu64 "\n", node,
+	   n->admin_stats.no_fds);
 	head(&b, "kvproxy_admin_cut_total", "counter",
 	     "Admin connections closed by the daemon: slow (request line or reply beyond "
 	     "timeouts.admin_ms), idle (timeouts.admin_idle_ms), too_long (request line).");
