@@ -28,7 +28,7 @@
 
 #define ADMIN_BATCH_MAX 256
 /* The "reply too large" error without its id: what every reply can shrink to. */
-#define TOO_LARGE_BASE 80
+#define TOO_LARGE_BASE  80
 
 struct span {
 	const char *p;
@@ -143,8 +143,9 @@ raw_id(struct span obj, struct span *id)
 static size_t
 reply_line(const struct span *id, const char *key, json_t *body, char *out, size_t outlen)
 {
-	int n = snprintf(out, outlen, "{\"jsonrpc\":\"2.0\",\"id\":%.*s,\"%s\":",
-			 id ? (int)id->len : 4, id ? id->p : "null", key);
+	int n = snprintf(out, outlen,
+			 "{\"jsonrpc\":\"2.0\",\"id\":%.*s,\"%s\":", id ? (int)id->len : 4,
+			 id ? id->p : "null", key);
 
 	if (n < 0 || (size_t)n >= outlen || !body)
 		return 0;
@@ -231,8 +232,8 @@ handle_one(struct kvp_node *n, json_t *req, struct span text, char *out, size_t 
 	}
 	if (params && !json_is_object(params))
 		return jid ? fail_line(id, RPC_INVALID_PARAMS, "params must be an object", out,
-				       outlen)
-			   : 0;
+				       outlen) :
+			     0;
 
 	struct rpc_err err = { 0 };
 	json_t *result = fn(n, params, &err);
@@ -281,8 +282,8 @@ handle_batch(struct kvp_node *n, json_t *batch, struct span text, char *out, siz
 
 	if (k < 0 || (size_t)k != json_array_size(batch))
 		return fail_line(NULL, RPC_INVALID_REQUEST,
-				 k < 0 ? "batch of more than 256 requests"
-				       : "cannot split the batch into its requests",
+				 k < 0 ? "batch of more than 256 requests" :
+					 "cannot split the batch into its requests",
 				 out, outlen);
 	/*
 	 * Keep room for every later request's shortest reply ("reply too large",
@@ -329,9 +330,9 @@ kvp_admin_handle(struct kvp_node *n, const char *line, size_t len, char *out, si
 	if (!req)
 		return fail_line(NULL, RPC_PARSE_ERROR, jerr.text, out, outlen);
 	if (json_is_array(req))
-		rlen = json_array_size(req) == 0
-			       ? fail_line(NULL, RPC_INVALID_REQUEST, "empty batch", out, outlen)
-			       : handle_batch(n, req, text, out, outlen);
+		rlen = json_array_size(req) == 0 ?
+			       fail_line(NULL, RPC_INVALID_REQUEST, "empty batch", out, outlen) :
+			       handle_batch(n, req, text, out, outlen);
 	else
 		rlen = handle_one(n, req, text, out, outlen);
 	json_decref(req);

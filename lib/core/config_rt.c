@@ -47,8 +47,9 @@ describe(const struct conf_row *r, struct kvp_config_info *info)
 {
 	memset(info, 0, sizeof(*info));
 	info->key = r->path;
-	info->kind = r->type == CT_U32 ? KVP_CONF_INT : r->type == CT_BOOL ? KVP_CONF_BOOL
-									    : KVP_CONF_STR;
+	info->kind = r->type == CT_U32  ? KVP_CONF_INT :
+		     r->type == CT_BOOL ? KVP_CONF_BOOL :
+					  KVP_CONF_STR;
 	info->runtime = (r->flags & RT) != 0;
 	info->secret = (r->flags & SECRET) != 0;
 	info->min = r->min;
@@ -94,9 +95,9 @@ kvp_config_get(const struct kvp_config *cfg, const char *key, char *buf, size_t 
 		break;
 	case CT_TRANSPORT:
 		snprintf(buf, len, "%s",
-			 cfg->transport == KVP_TRANSPORT_RDMA ? "rdma"
-			 : cfg->transport == KVP_TRANSPORT_AUTO ? "auto"
-								 : "tcp");
+			 cfg->transport == KVP_TRANSPORT_RDMA ? "rdma" :
+			 cfg->transport == KVP_TRANSPORT_AUTO ? "auto" :
+								"tcp");
 		break;
 	case CT_LOGLEVEL:
 		snprintf(buf, len, "%s",
@@ -106,7 +107,10 @@ kvp_config_get(const struct kvp_config *cfg, const char *key, char *buf, size_t 
 		snprintf(buf, len, "%s", ((const struct kvp_group *)p)->name);
 		break;
 	case CT_AUTH:
-		snprintf(buf, len, "%s", cfg->auth_none ? "none" : cfg->auth_secret[0] ? "secret" : "");
+		snprintf(buf, len, "%s",
+			 cfg->auth_none      ? "none" :
+			 cfg->auth_secret[0] ? "secret" :
+					       "");
 		break;
 	default:
 		snprintf(buf, len, "%s", p);
@@ -116,8 +120,7 @@ kvp_config_get(const struct kvp_config *cfg, const char *key, char *buf, size_t 
 }
 
 int
-kvp_config_set(struct kvp_config *cfg, const char *key, const char *value, char *why,
-	       size_t whylen)
+kvp_config_set(struct kvp_config *cfg, const char *key, const char *value, char *why, size_t whylen)
 {
 	const struct conf_row *r = config_find_row(key);
 	char *dst;
@@ -193,8 +196,8 @@ kvp_config_set(struct kvp_config *cfg, const char *key, const char *value, char 
 					 r->path);
 				return -EPERM;
 			}
-			const char *base = value + strlen(cfg->stats_dir) +
-					   (strcmp(cfg->stats_dir, "/") != 0);
+			const char *base =
+				value + strlen(cfg->stats_dir) + (strcmp(cfg->stats_dir, "/") != 0);
 
 			if (value[0] != '/' || strcmp(dir, cfg->stats_dir) != 0 ||
 			    strcmp(base, ".") == 0 || strcmp(base, "..") == 0) {

@@ -62,9 +62,9 @@ fits_int64(const char *s, size_t n, bool hex)
 	uint64_t v = 0;
 
 	for (size_t i = 0; i < n; i++) {
-		unsigned d = is_digit(s[i]) ? (unsigned)(s[i] - '0')
-			     : (s[i] >= 'a') ? (unsigned)(s[i] - 'a' + 10)
-					     : (unsigned)(s[i] - 'A' + 10);
+		unsigned d = is_digit(s[i]) ? (unsigned)(s[i] - '0') :
+			     (s[i] >= 'a')  ? (unsigned)(s[i] - 'a' + 10) :
+					      (unsigned)(s[i] - 'A' + 10);
 		uint64_t base = hex ? 16 : 10;
 
 		if (v > (UINT64_MAX - d) / base)
@@ -194,7 +194,8 @@ config_text_load(const char *path, char **out, size_t *outlen, char *err, size_t
 			while (i < len && is_name_char(in[i]))
 				o[k++] = in[i++];
 		} else if (is_digit(c) || (c == '.' && i + 1 < len && is_digit(in[i + 1]))) {
-			bool hex = c == '0' && i + 1 < len && (in[i + 1] == 'x' || in[i + 1] == 'X');
+			bool hex =
+				c == '0' && i + 1 < len && (in[i + 1] == 'x' || in[i + 1] == 'X');
 			size_t start = i;
 
 			if (hex) {
@@ -212,8 +213,8 @@ config_text_load(const char *path, char **out, size_t *outlen, char *err, size_t
 
 			if (real) {
 				/* A float: copy it whole (digits, point, exponent with its sign). */
-				while (i < len && (is_digit(in[i]) || in[i] == '.' || in[i] == 'e' ||
-						   in[i] == 'E' ||
+				while (i < len && (is_digit(in[i]) || in[i] == '.' ||
+						   in[i] == 'e' || in[i] == 'E' ||
 						   ((in[i] == '-' || in[i] == '+') &&
 						    (in[i - 1] == 'e' || in[i - 1] == 'E'))))
 					o[k++] = in[i++];
@@ -222,8 +223,8 @@ config_text_load(const char *path, char **out, size_t *outlen, char *err, size_t
 			if (i > start && !fits_int64(in + start, i - start, hex)) {
 				rc = text_error(err, errlen, path, line,
 						"integer %.*s%.*s does not fit in 64 bits",
-						hex ? 2 : 0, "0x", (int)(i - start < 40 ? i - start : 40),
-						in + start);
+						hex ? 2 : 0, "0x",
+						(int)(i - start < 40 ? i - start : 40), in + start);
 				goto err;
 			}
 			if (i > start && (i >= len || in[i] != 'L'))

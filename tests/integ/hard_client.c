@@ -81,8 +81,9 @@ static int
 submit_bad(struct kvp_client *c, uint64_t user_id)
 {
 	struct kvp_xfer_desc x = { .user_id = user_id, .peer = 0, .timeout_ns = 0 };
-	struct kvp_segment s = { .src_key = 1, .src_off = 0, .dst_key = 2, .dst_off = 0,
-				 .len = 4096 };
+	struct kvp_segment s = {
+		.src_key = 1, .src_off = 0, .dst_key = 2, .dst_off = 0, .len = 4096
+	};
 
 	return kvp_submit(c, &x, &s, 1);
 }
@@ -272,7 +273,9 @@ mode_many(const char *sock, unsigned n)
 		setrlimit(RLIMIT_NOFILE, &rl);
 	}
 	for (unsigned i = 0; i < n && c; i++) {
-		struct kvp_connect_opts o = { .timeout_ms = 3000, .sq_entries = 64, .cq_entries = 64 };
+		struct kvp_connect_opts o = { .timeout_ms = 3000,
+					      .sq_entries = 64,
+					      .cq_entries = 64 };
 		int rc = kvp_connect_ex(sock, &o, &c[i], err, sizeof(err));
 
 		if (rc == 0) {
