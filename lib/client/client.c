@@ -587,6 +587,23 @@ kvp_cancel(struct kvp_client *c, uint64_t user_id)
 }
 
 int
+kvp_fence(struct kvp_client *c, uint64_t value, uint64_t mask, uint32_t hold_ms,
+	  uint64_t fence_id)
+{
+	struct kvp_sqe_fence f;
+
+	if (c == NULL || mask == 0)
+		return -EINVAL;
+	memset(&f, 0, sizeof(f));
+	f.op = KVP_OP_FENCE;
+	f.hold_ms = hold_ms;
+	f.fence_id = fence_id;
+	f.value = value & mask;
+	f.mask = mask;
+	return sq_publish(c, &f, 1);
+}
+
+int
 kvp_poll(struct kvp_client *c, struct kvp_cqe *out, uint32_t max)
 {
 	return kvp_ring_dequeue_burst(&c->cq, out, max);

@@ -134,6 +134,27 @@ int kvp_submit(struct kvp_client *c, const struct kvp_xfer_desc *x,
 int kvp_cancel(struct kvp_client *c, uint64_t user_id);
 
 /**
+ * Fence the transfers landing in this client's regions whose user_id
+ * matches: (user_id & mask) == (value & mask), from any peer. From the call
+ * on, kvproxyd drops (and counts) their bytes instead of writing them,
+ * refuses RDMA grants for them and revokes grants already given; the
+ * senders' transfers fail with KVP_EREMOTE. A KVP_CQE_FENCE completion with
+ * user_id == @p fence_id follows once nothing of a matching transfer can
+ * land any more: at once, or when receives and RDMA writes already under way
+ * have ended (bounded by the daemon's timeouts.peer_ms, after which it tears
+ * down what it must). Its status is KVP_OK; KVP_ENOBUFS if the daemon's
+ * fence table (limits.max_fences) was full, then nothing was fenced;
+ * KVP_ETIMEDOUT if it could not be made to hold. The fence keeps refusing
+ * matching transfers for @p hold_ms after the call (0: the daemon's
+ * timeouts.fence_hold_ms), or until this client disconnects.
+ *
+ * @return 0; -EINVAL (NULL client or mask 0); -EAGAIN (submission ring
+ *   full: reap completions and retry); -EPROTO if the channel is corrupt
+ */
+int kvp_fence(struct kvp_client *c, uint64_t value, uint64_t mask, uint32_t hold_ms,
+	      uint64_t fence_id);
+
+/**
  * Reap up to @p max completions without blocking.
  *
  * @return completions copied (0 if none); -EPROTO if the channel is corrupt

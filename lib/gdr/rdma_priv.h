@@ -136,6 +136,7 @@ struct rgrant {
 	uint8_t state;
 	uint8_t nkeys;	  /* destination regions the sender announced */
 	uint8_t ngranted; /* of them granted */
+	bool revoked;	  /* a fence asked the sender to stop (RDMA_REVOKE sent) */
 	uint32_t nseg;
 	uint64_t user_id;
 	uint64_t bytes;
@@ -244,6 +245,7 @@ int tx_post(struct rdma_ctx *c, struct kvp_xfer *x);
 int tx_on_grant(struct rdma_ctx *c, uint16_t peer, const struct kvp_wire_hdr *h,
 		const struct kvp_wire_grant *g);
 int tx_on_ack(struct rdma_ctx *c, const struct kvp_wire_hdr *h);
+void tx_on_revoke(struct rdma_ctx *c, uint16_t peer, uint64_t tag);
 int tx_progress(struct rdma_ctx *c);
 void tx_send_wc(struct rdma_ctx *c, const struct ibv_wc *wc);
 void tx_retire_all(struct rdma_ctx *c, uint16_t peer, uint32_t slot, int status);
@@ -252,6 +254,7 @@ void tx_peer_down(struct rdma_ctx *c, uint16_t peer);
 
 /* rdma_rx.c */
 int rx_on_req(struct rdma_ctx *c, uint16_t peer, const struct kvp_wire_hdr *h);
+uint32_t rx_fence(struct rdma_ctx *c, const struct kvp_fence *f, bool force);
 void rx_on_abort(struct rdma_ctx *c, uint16_t peer, uint64_t tag);
 void rx_recv_wc(struct rdma_ctx *c, const struct ibv_wc *wc);
 void rx_release_all(struct rdma_ctx *c, uint16_t peer);

@@ -185,6 +185,16 @@ tx_on_ack(struct rdma_ctx *c, const struct kvp_wire_hdr *h)
 	return 0;
 }
 
+/* The receiver's client fenced the transfer: stop; the ABORT after the last WRITE frees its grant. */
+void
+tx_on_revoke(struct rdma_ctx *c, uint16_t peer, uint64_t tag)
+{
+	struct kvp_xfer *x = kvp_worker_xfer_of(c->w, tag);
+
+	if (x && x->peer == peer && x->t_state >= KVP_TCP_XS_EXT)
+		tx_cancel(c, x, KVP_EREMOTE);
+}
+
 static bool
 rail_usable(const struct sqp *q)
 {

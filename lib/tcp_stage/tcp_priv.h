@@ -83,7 +83,10 @@ struct rx_entry {
 	uint64_t tag;
 	uint64_t bytes;
 	uint64_t first_ns; /* when its first DATA frame arrived */
+	uint64_t user_id;  /* from its DATA frames: what fences match */
+	uint32_t owner;	   /* client owning the region its last DATA frame named */
 	int status;
+	bool fenced; /* a fence refuses its bytes */
 };
 
 struct tcp_conn {
@@ -223,5 +226,6 @@ int tcp_start_recv(struct tcp_ctx *t, struct tcp_conn *c);
 void tcp_recv_done(struct tcp_ctx *t, struct tcp_conn *c, int res, bool next);
 int tcp_process_rx(struct tcp_ctx *t, struct tcp_conn *c);
 void tcp_rx_reset(struct tcp_ctx *t, struct tcp_conn *c);
+uint32_t tcp_rx_fence(struct tcp_ctx *t, const struct kvp_fence *f, bool force);
 
 #endif /* TCP_PRIV_H */

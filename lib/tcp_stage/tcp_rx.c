@@ -90,6 +90,22 @@ body_done(struct tcp_ctx *t, struct tcp_conn *c)
 }
 
 /*
+ * A fence refuses the rest of the payload being received: nothing more of
+ * it goes to the region (nor a staged window's copy); the rest is read and
+ * dropped.
+ */
+static void
+body_fenced(struct tcp_ctx *t, struct tcp_conn *c)
+{
+	uint64_t left = c->rx_left;
+
+	kvp_worker_fenced(t->w, c->rx_ent->owner, c->rx_ent->user_id, left, 0);
+	body_done(t, c);
+	c->rx_left = left;
+	c->rx_state = left ? RX_DISCARD : RX_HDR;
+}
+
+/*
  * The window at rx_dst is full. Direct payloads are then done; staged ones
  * copy the buffer into the region and, if more is coming, reopen the
  * window on the same buffer.
@@ -97,6 +113,10 @@ body_done(struct tcp_ctx *t, struct tcp_conn *c)
 static void
 window_full(struct tcp_ctx *t, struct tcp_conn *c)
 {
+	if (c->rx_ent->fenced) {
+		body_fenced(t, c);
+		return;
+	}
 	if (c->rx_stage >= 0) {
 		uint8_t *buf = stage_buf(&t->stage, c->rx_stage);
 		size_t n = (size_t)(c->rx_dst - buf);
@@ -124,6 +144,8 @@ landed(struct tcp_ctx *t, struct tcp_conn *c, uint64_t n)
 	c->rx_ent->bytes += n;
 	if (c->rx_win == 0)
 		window_full(t, c);
+	else if (c->rx_ent->fenced)
+		body_fenced(t, c); /* fenced while this recv was in flight: it was the last */
 }
 
 /* @p n bytes arrived in rxbuf; a body waiting for a direct recv takes them first. */
@@ -166,13 +188,23 @@ on_data(struct tcp_ctx *t, struct tcp_conn *c, const struct kvp_wire_hdr *h)
 		e->tag = h->tag;
 		e->bytes = 0;
 		e->status = KVP_OK;
+		e->fenced = false;
 		e->first_ns = c->last_rx_ns; /* when the bytes holding this header arrived */
 	}
+	e->user_id = h->aux;
 	c->rx_ent = e;
-	if (e->status == KVP_OK) {
+	if (e->fenced) {
+		kvp_worker_fenced(t->w, e->owner, e->user_id, h->len, 0); /* counted */
+	} else if (e->status == KVP_OK) {
 		struct kvp_region *r = kvp_region_get(t->w->regions, h->key);
 
-		if (r && kvp_region_contains(r, h->off, h->len)) {
+		if (r)
+			e->owner = r->owner;
+		if (r && kvp_worker_fenced(t->w, r->owner, h->aux, h->len, 1)) {
+			kvp_region_put(r);
+			e->fenced = true;
+			e->status = KVP_EREMOTE;
+		} else if (r && kvp_region_contains(r, h->off, h->len)) {
 			c->rx_region = r;
 			c->rx_state = RX_BODY;
 			if (!(r->flags & KVP_REGION_F_STAGE)) {
@@ -192,13 +224,14 @@ on_data(struct tcp_ctx *t, struct tcp_conn *c, const struct kvp_wire_hdr *h)
 			c->rx_stage_off = h->off;
 			c->rx_win = h->len < t->stage.buf_size ? h->len : t->stage.buf_size;
 			return true;
+		} else {
+			if (r)
+				kvp_region_put(r);
+			KVP_LOG_RL(WARNING, tcp, "peer %u: data for unknown region %016" PRIx64
+				   " or out of bounds (off %" PRIu64 " len %u): refused",
+				   c->peer, h->key, h->off, h->len);
+			e->status = KVP_EREMOTE;
 		}
-		if (r)
-			kvp_region_put(r);
-		KVP_LOG_RL(WARNING, tcp, "peer %u: data for unknown region %016" PRIx64
-			   " or out of bounds (off %" PRIu64 " len %u): refused",
-			   c->peer, h->key, h->off, h->len);
-		e->status = KVP_EREMOTE;
 	}
 	c->rx_state = RX_DISCARD;
 	return true;
@@ -284,6 +317,7 @@ ext_direction_ok(const struct tcp_conn *c, uint8_t type)
 		return !c->outgoing;
 	case KVP_W_RDMA_QP_OK:
 	case KVP_W_RDMA_GRANT:
+	case KVP_W_RDMA_REVOKE:
 		return c->outgoing;
 	default:
 		return true;
@@ -293,7 +327,7 @@ ext_direction_ok(const struct tcp_conn *c, uint8_t type)
 static bool
 is_ext(uint8_t type)
 {
-	return type >= KVP_W_RDMA_QP && type < KVP_W_TYPE_MAX;
+	return kvp_wire_is_rdma(type);
 }
 
 /* Check a header against the wire rules and this connection's direction; fails it if bad. */
@@ -439,6 +473,42 @@ tcp_process_rx(struct tcp_ctx *t, struct tcp_conn *c)
 		}
 	}
 	return work;
+}
+
+/*
+ * Fence @p f: payloads now being received for its transfers stop landing.
+ * One whose recv into the region is in flight lands that recv's bytes (at
+ * most DIRECT_RECV_MAX) and is counted until it returns; forced, its
+ * connection is shut down so that it returns at once.
+ */
+uint32_t
+tcp_rx_fence(struct tcp_ctx *t, const struct kvp_fence *f, bool force)
+{
+	uint32_t busy = 0;
+
+	for (uint32_t i = 0; i < t->nconns; i++) {
+		struct tcp_conn *c = &t->conns[i];
+
+		if (c->outgoing || c->state == CONN_FREE || !c->rx_region ||
+		    (c->rx_state != RX_BODY && c->rx_state != RX_DIRECT) ||
+		    !kvp_fence_match(f, c->rx_region->owner, c->rx_ent->user_id))
+			continue;
+		if (!c->rx_ent->fenced) {
+			c->rx_ent->fenced = true;
+			c->rx_ent->status = KVP_EREMOTE;
+			KVP_STAT_ADD(t->w->stats.fenced_xfers, 1);
+		}
+		/* A recv into a staging buffer is harmless: its copy is skipped. */
+		if (c->recv_busy && c->recv_direct && c->rx_stage < 0) {
+			if (force)
+				tcp_conn_fail(t, c, "fence forced: a receive into the region did not end");
+			busy++;
+			continue;
+		}
+		if (c->state == CONN_UP)
+			body_fenced(t, c);
+	}
+	return busy;
 }
 
 void

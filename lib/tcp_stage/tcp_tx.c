@@ -98,6 +98,7 @@ frame_data(struct tcp_ctx *t, struct tcp_conn *c, struct kvp_xfer *x)
 	struct tx_frame *f = push_frame(c, KVP_W_DATA, (uint32_t)len, kvp_xfer_tag(x), x->idx);
 	f->hdr.key = s->dst_key;
 	f->hdr.off = s->dst_off + off;
+	f->hdr.aux = x->user_id; /* the receiver's fences match it */
 	if (staged) {
 		/* Contiguous in the source, so one copy covers coalesced segments. */
 		f->stage = b;

@@ -64,6 +64,11 @@ def status_name(status: int) -> str:
     return raw.decode() if raw else "unknown"
 
 
+def _invalid_detail(detail: int) -> str:
+    raw = _lib.load().kvp_invalid_str(int(detail))
+    return raw.decode() if raw else ""
+
+
 def _check_u64(name: str, value: Any) -> int:
     if not isinstance(value, int) or isinstance(value, bool):
         raise TypeError(f"{name} must be an int, not {type(value).__name__}")
@@ -96,8 +101,10 @@ class Completion:
     """One completion read from the completion ring.
 
     Attributes:
-        kind: ``"done"`` (a transfer this client submitted has ended) or
-            ``"landed"`` (a transfer into one of this client's regions has landed).
+        kind: ``"done"`` (a transfer this client submitted has ended),
+            ``"landed"`` (a transfer into one of this client's regions has
+            landed) or ``"fence"`` (a fence of :meth:`Client.fence` holds:
+            ``user_id`` is its fence id, ``bytes`` what it refused so far).
         status: the transfer status (a :class:`Status`; 0 is ok).
         status_name: its name (``"ok"``, ``"invalid"``, ``"timeout"``, ``"remote"``, ...).
         ok: ``status == 0``.
@@ -106,6 +113,10 @@ class Completion:
         bytes: payload bytes moved.
         nseg: segments in the transfer.
         dst_key: ``landed``: the destination region of the first segment (0 on ``done``).
+        detail: on a ``done`` with status ``invalid``: what was wrong with
+            the descriptor (the daemon's words), else ``""``.
+        bad_seg: on a ``done`` with status ``invalid``: the index of the
+            segment at fault.
         phases: seconds spent per phase (0 where a phase did not happen). On
             ``done``: ``queue`` (submit -> daemon pickup), ``admit`` (pickup ->
             admitted), ``first`` (admitted -> first byte handed to the
@@ -128,10 +139,13 @@ class Completion:
     nseg: int
     dst_key: int
     phases: Dict[str, float] = field(default_factory=dict, hash=False)
+    detail: str = ""
+    bad_seg: int = 0
 
     @classmethod
     def _from_cqe(cls, e: _lib.Cqe_t) -> "Completion":
-        kind = {_lib.CQE_DONE: "done", _lib.CQE_LANDED: "landed"}.get(e.kind, f"unknown({e.kind})")
+        kind = {_lib.CQE_DONE: "done", _lib.CQE_LANDED: "landed", _lib.CQE_FENCE: "fence"}.get(
+            e.kind, f"unknown({e.kind})")
         try:
             status: int = Status(e.status)
         except ValueError:
@@ -147,6 +161,8 @@ class Completion:
             nseg=e.nseg,
             dst_key=e.dst_key,
             phases={name: e.phase_ns[i] / 1e9 for i, name in enumerate(_PHASES)},
+            detail=_invalid_detail(e.detail) if e.status == Status.INVALID else "",
+            bad_seg=e.bad_seg if e.status == Status.INVALID else 0,
         )
 
     def raise_for_status(self) -> "Completion":
@@ -553,6 +569,38 @@ class Client:
             rc = self._lib.kvp_cancel(ptr, user_id)
         if rc < 0:
             raise error_for(rc, f"cancel {user_id}", detail="submission ring full" if rc == -errno.EAGAIN else "")
+
+    def fence(self, value: int, mask: int, fence_id: int, hold: Optional[float] = None) -> None:
+        """Fence the transfers landing in this client's regions whose user id
+        matches ``(user_id & mask) == (value & mask)``: from now on kvproxyd
+        drops their bytes instead of writing them (the senders' transfers
+        fail with ``remote``). A ``fence`` completion with ``user_id ==
+        fence_id`` follows once nothing of them can land any more (bounded by
+        the daemon's ``timeouts.peer_ms``); its status is ``ok``, or
+        ``no-buffers`` when the daemon's fence table was full (nothing was
+        fenced), or ``timeout`` if it could not be made to hold.
+
+        :param hold: seconds the fence keeps refusing matching transfers; None
+            = the daemon's ``timeouts.fence_hold_ms``.
+        :raises RingFull: the submission ring is full; reap completions and retry.
+        :raises InvalidArgument: ``mask`` is 0, or a value is out of range.
+        """
+        _check_u64("value", value)
+        _check_u64("mask", mask)
+        _check_u64("fence_id", fence_id)
+        if mask == 0:
+            raise InvalidArgument(errno.EINVAL, "fence", detail="mask 0 would fence every transfer")
+        if hold is None:
+            hold_ms = 0
+        else:
+            if not isinstance(hold, (int, float)) or isinstance(hold, bool) or not hold > 0 or math.isinf(hold):
+                raise InvalidArgument(errno.EINVAL, "fence", detail=f"hold must be a finite number of seconds > 0 or None, got {hold!r}")
+            hold_ms = min(max(1, math.ceil(hold * 1000)), _U32_MAX)
+        with self._sq_lock:
+            ptr = self._handle("fence")
+            rc = self._lib.kvp_fence(ptr, value, mask, hold_ms, fence_id)
+        if rc < 0:
+            raise error_for(rc, f"fence {fence_id}", detail="submission ring full" if rc == -errno.EAGAIN else "")
 
     def _cqe_buf(self, max: int) -> ctypes.Array:
         if not isinstance(max, int) or isinstance(max, bool) or not 1 <= max <= _U32_MAX:
