@@ -35,6 +35,24 @@ struct kvp_segment {
 	uint64_t len;
 };
 
+/**
+ * One segment of kvp_submit2d(): @p count blocks of @p len bytes, block i
+ * from src_off + i * src_stride of src_key to dst_off + i * dst_stride of
+ * dst_key (a 2-D copy, e.g. the heads of every token of a page). count 1
+ * is a contiguous segment (the strides are then ignored). Strides are at
+ * least @p len; count at most the daemon's limits.max_blocks.
+ */
+struct kvp_segment2d {
+	uint64_t src_key;
+	uint64_t src_off;
+	uint64_t dst_key;
+	uint64_t dst_off;
+	uint64_t len;
+	uint64_t count;
+	uint64_t src_stride;
+	uint64_t dst_stride;
+};
+
 /** Transfer header for kvp_submit(). */
 struct kvp_xfer_desc {
 	uint64_t user_id;    /**< echoed in the completion; unique among in-flight transfers */
@@ -129,6 +147,19 @@ int kvp_peer_lookup(struct kvp_client *c, const char *node_id, uint16_t *peer);
  */
 int kvp_submit(struct kvp_client *c, const struct kvp_xfer_desc *x,
 	       const struct kvp_segment *segs, uint32_t nseg);
+
+/**
+ * Submit one transfer of contiguous and strided segments (one descriptor
+ * each, however many blocks: kvproxyd walks the blocks). The daemon checks
+ * every block's bounds; a bad one fails the transfer with KVP_EINVAL, the
+ * completion's detail (kvp_invalid_str()) and bad_seg saying what and where.
+ *
+ * @return 0; -EAGAIN (ring full); -EINVAL (nseg 0 or above
+ *   kvp_max_segments(), a count of 0 or above 2^32 - 1, NULL pointers);
+ *   -EPROTO if the channel is corrupt
+ */
+int kvp_submit2d(struct kvp_client *c, const struct kvp_xfer_desc *x,
+		 const struct kvp_segment2d *segs, uint32_t nseg);
 
 /** Ask the daemon to cancel an in-flight transfer; its completion follows. */
 int kvp_cancel(struct kvp_client *c, uint64_t user_id);

@@ -124,6 +124,17 @@ struct kvp_memops {
 	int (*sync)(void);
 	/** Copy @p len bytes of @p src to [off, off+len) of @p r. @return 0 or negative errno */
 	int (*from_host)(const struct kvp_region *r, uint64_t off, const void *src, size_t len);
+	/**
+	 * 2-D copies (optional; kvp_copy_to_host()/kvp_copy_from_host() loop
+	 * over rows without them): @p rows rows of @p width bytes, @p pitch
+	 * bytes apart in the region, packed in host memory. The async one
+	 * follows to_host_async's rules.
+	 * @return 0 or negative errno
+	 */
+	int (*to_host_2d_async)(void *dst, const struct kvp_region *r, uint64_t off, uint64_t pitch,
+				size_t width, size_t rows);
+	int (*from_host_2d)(const struct kvp_region *r, uint64_t off, uint64_t pitch, const void *src,
+			    size_t width, size_t rows);
 	/** Called once for the whole staging pool at start (e.g. to pin it for DMA). */
 	int (*register_pool)(void *base, size_t len);
 	/**
@@ -154,6 +165,19 @@ extern char kvp_gpu_unavailable[160];
 
 /** The memops in force (host memcpy by default). */
 extern const struct kvp_memops *kvp_memops;
+
+/**
+ * Copy @p rows rows of @p width bytes, @p pitch apart from @p off of @p r,
+ * packed into @p dst (a staging buffer): asynchronously where the memops
+ * can (then *@p async is set and the copy is valid after kvp_memops->sync()).
+ * @return 0 or negative errno
+ */
+int kvp_copy_to_host(void *dst, const struct kvp_region *r, uint64_t off, uint64_t pitch,
+		     uint64_t width, uint64_t rows, bool *async);
+
+/** The reverse: packed @p src to @p rows rows, @p pitch apart. @return 0 or negative errno */
+int kvp_copy_from_host(const struct kvp_region *r, uint64_t off, uint64_t pitch, const void *src,
+		       uint64_t width, uint64_t rows);
 
 struct kvp_region_table {
 	uint32_t size;

@@ -106,9 +106,57 @@ body_fenced(struct tcp_ctx *t, struct tcp_conn *c)
 }
 
 /*
- * The window at rx_dst is full. Direct payloads are then done; staged ones
- * copy the buffer into the region and, if more is coming, reopen the
- * window on the same buffer.
+ * Open the next window: for a payload landing in place, the rest of the
+ * current block (DATA: the whole payload); for a staged one, as much as the
+ * staging buffer holds.
+ */
+static void
+open_window(struct tcp_ctx *t, struct tcp_conn *c)
+{
+	if (c->rx_stage >= 0) {
+		c->rx_dst = stage_buf(&t->stage, c->rx_stage);
+		c->rx_win = c->rx_left < t->stage.buf_size ? c->rx_left : t->stage.buf_size;
+		return;
+	}
+	uint64_t blk = c->rx_pos / c->rx_blk, in = c->rx_pos % c->rx_blk;
+
+	c->rx_dst = c->rx_region->base + c->rx_off + blk * c->rx_stride + in;
+	c->rx_win = c->rx_blk - in < c->rx_left ? c->rx_blk - in : c->rx_left;
+}
+
+/*
+ * A staging buffer holds @p n packed payload bytes from rx_pos on: copy them
+ * to their blocks in the region (whole blocks in one 2-D copy).
+ */
+static int
+land_staged(struct tcp_conn *c, const uint8_t *src, uint64_t n)
+{
+	while (n) {
+		uint64_t blk = c->rx_pos / c->rx_blk, in = c->rx_pos % c->rx_blk;
+		uint64_t dst = c->rx_off + blk * c->rx_stride + in, run;
+		int rc;
+
+		if (in == 0 && n >= 2 * c->rx_blk) {
+			uint64_t rows = n / c->rx_blk;
+
+			run = rows * c->rx_blk;
+			rc = kvp_copy_from_host(c->rx_region, dst, c->rx_stride, src, c->rx_blk, rows);
+		} else {
+			run = c->rx_blk - in < n ? c->rx_blk - in : n;
+			rc = kvp_copy_from_host(c->rx_region, dst, run, src, run, 1);
+		}
+		if (rc < 0)
+			return rc;
+		c->rx_pos += run;
+		src += run;
+		n -= run;
+	}
+	return 0;
+}
+
+/*
+ * The window at rx_dst is full. A staged one is copied to the region; then
+ * the payload is done, or the next window opens.
  */
 static void
 window_full(struct tcp_ctx *t, struct tcp_conn *c)
@@ -119,17 +167,16 @@ window_full(struct tcp_ctx *t, struct tcp_conn *c)
 	}
 	if (c->rx_stage >= 0) {
 		uint8_t *buf = stage_buf(&t->stage, c->rx_stage);
-		size_t n = (size_t)(c->rx_dst - buf);
 
-		if (kvp_memops->from_host(c->rx_region, c->rx_stage_off, buf, n) < 0)
+		if (land_staged(c, buf, (uint64_t)(c->rx_dst - buf)) < 0)
 			c->rx_ent->status = KVP_EREMOTE;
-		c->rx_stage_off += n;
-		c->rx_dst = buf;
-		c->rx_win = c->rx_left < t->stage.buf_size ? c->rx_left : t->stage.buf_size;
 	}
-	if (c->rx_left == 0)
+	if (c->rx_left == 0) {
 		body_done(t, c);
-	else if (c->rx_state == RX_DIRECT)
+		return;
+	}
+	open_window(t, c);
+	if (c->rx_state == RX_DIRECT)
 		c->rx_state = RX_BODY;
 }
 
@@ -142,6 +189,8 @@ landed(struct tcp_ctx *t, struct tcp_conn *c, uint64_t n)
 	c->rx_left -= n;
 	c->rx_win -= n;
 	c->rx_ent->bytes += n;
+	if (c->rx_stage < 0)
+		c->rx_pos += n;
 	if (c->rx_win == 0)
 		window_full(t, c);
 	else if (c->rx_ent->fenced)
@@ -183,6 +232,10 @@ static bool
 on_data(struct tcp_ctx *t, struct tcp_conn *c, const struct kvp_wire_hdr *h)
 {
 	struct rx_entry *e = &c->rxt[h->tag & c->rxt_mask];
+	/* DATA2D: len / aux2 blocks of aux2 bytes, rsvd apart (kvp_wire_check() vouched for it). */
+	bool two_d = h->type == KVP_W_DATA2D;
+	uint64_t blk = two_d ? h->aux2 : h->len, stride = two_d ? h->rsvd : h->len;
+	uint64_t span = (h->len / blk - 1) * stride + blk;
 
 	if (e->tag != h->tag) {
 		e->tag = h->tag;
@@ -204,32 +257,29 @@ on_data(struct tcp_ctx *t, struct tcp_conn *c, const struct kvp_wire_hdr *h)
 			kvp_region_put(r);
 			e->fenced = true;
 			e->status = KVP_EREMOTE;
-		} else if (r && kvp_region_contains(r, h->off, h->len)) {
+		} else if (r && kvp_region_contains(r, h->off, span)) {
+			if (r->flags & KVP_REGION_F_STAGE) {
+				/* No buffer: leave the header unread; TCP pushes back on the sender. */
+				c->rx_stage = stage_get(&t->stage, &t->w->stats, STAGE_RX);
+				if (c->rx_stage < 0) {
+					kvp_region_put(r);
+					return false;
+				}
+			}
 			c->rx_region = r;
 			c->rx_state = RX_BODY;
-			if (!(r->flags & KVP_REGION_F_STAGE)) {
-				c->rx_dst = r->base + h->off;
-				c->rx_win = h->len;
-				return true;
-			}
-			/* No buffer: leave the header unread; TCP pushes back on the sender. */
-			c->rx_stage = stage_get(&t->stage, &t->w->stats, STAGE_RX);
-			if (c->rx_stage < 0) {
-				kvp_region_put(r);
-				c->rx_region = NULL;
-				c->rx_state = RX_HDR;
-				return false;
-			}
-			c->rx_dst = stage_buf(&t->stage, c->rx_stage);
-			c->rx_stage_off = h->off;
-			c->rx_win = h->len < t->stage.buf_size ? h->len : t->stage.buf_size;
+			c->rx_off = h->off;
+			c->rx_blk = blk;
+			c->rx_stride = stride;
+			c->rx_pos = 0;
+			open_window(t, c);
 			return true;
 		} else {
 			if (r)
 				kvp_region_put(r);
 			KVP_LOG_RL(WARNING, tcp, "peer %u: data for unknown region %016" PRIx64
-				   " or out of bounds (off %" PRIu64 " len %u): refused",
-				   c->peer, h->key, h->off, h->len);
+				   " or out of bounds (off %" PRIu64 " span %" PRIu64 "): refused",
+				   c->peer, h->key, h->off, span);
 			e->status = KVP_EREMOTE;
 		}
 	}
@@ -338,7 +388,7 @@ hdr_ok(struct tcp_ctx *t, struct tcp_conn *c, const struct kvp_wire_hdr *h)
 	int rc = kvp_wire_check(h, t->frame_max);
 
 	if (rc < 0 || h->type == KVP_W_HELLO || (h->type == KVP_W_ACK && !c->outgoing) ||
-	    (h->type == KVP_W_DATA && c->outgoing) ||
+	    (is_data(h->type) && c->outgoing) ||
 	    (is_ext(h->type) && (!t->ext || c->link != 0 || !ext_direction_ok(c, h->type)))) {
 		KVP_STAT_ADD(ps->bad_frames, 1);
 		tcp_conn_fail(t, c, rc < 0 ? "malformed frame" : "unexpected frame type");
@@ -359,7 +409,7 @@ on_header(struct tcp_ctx *t, struct tcp_conn *c, const struct kvp_wire_hdr *h)
 	     (h->type == KVP_W_ABORT && (h->rsvd & KVP_ABORT_F_ACK))) &&
 	    txq_room(c) == 0)
 		return false;
-	if (h->type == KVP_W_DATA) {
+	if (is_data(h->type)) {
 		c->rx_left = h->len;
 		if (!on_data(t, c, h))
 			return false;

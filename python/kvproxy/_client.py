@@ -29,6 +29,7 @@ __all__ = [
     "Client",
     "Region",
     "Segment",
+    "Segment2D",
     "Completion",
     "Status",
     "status_name",
@@ -91,7 +92,27 @@ class Segment(NamedTuple):
     length: int
 
 
-SegmentLike = Union[Segment, Tuple[int, int, int, int, int]]
+class Segment2D(NamedTuple):
+    """A strided segment: ``count`` blocks of ``length`` bytes, block ``i``
+    from ``src_off + i * src_stride`` of ``src_key`` to ``dst_off + i *
+    dst_stride`` of ``dst_key`` (a 2-D copy: e.g. one KV head of every token
+    of a page). One descriptor however many blocks; kvproxyd walks them.
+    Strides are at least ``length``.
+
+    An 8-tuple in this order is accepted wherever a Segment2D is.
+    """
+
+    src_key: int
+    src_off: int
+    dst_key: int
+    dst_off: int
+    length: int
+    count: int
+    src_stride: int
+    dst_stride: int
+
+
+SegmentLike = Union[Segment, Segment2D, Tuple[int, ...]]
 
 _PHASES = _lib.PHASE_NAMES
 
@@ -499,7 +520,9 @@ class Client:
 
         :param peer: a peer index from :meth:`peer`, or the peer's node id (looked up once).
         :param segments: :class:`Segment` objects or 5-tuples
-            ``(src_key, src_off, dst_key, dst_off, length)``; 1 to :attr:`max_segments`.
+            ``(src_key, src_off, dst_key, dst_off, length)``, and
+            :class:`Segment2D` objects or 8-tuples (strided); 1 to
+            :attr:`max_segments`.
         :param user_id: your id for the transfer (unique among those in flight), echoed in completions.
         :param timeout: deadline in seconds from now; None = the daemon's default.
         :raises RingFull: the submission ring is full; reap completions and retry.
@@ -534,22 +557,27 @@ class Client:
             raise InvalidArgument(
                 errno.EINVAL, "submit", detail=f"{n} segments; a transfer takes 1 to {self._max_segments} on {self._node_id}"
             )
-        arr = (_lib.Segment_t * n)()
+        two_d = any(len(s) == 8 for s in segs if isinstance(s, tuple))
+        arr = (_lib.Segment2D_t * n)() if two_d else (_lib.Segment_t * n)()
         for i, s in enumerate(segs):
-            try:
-                src_key, src_off, dst_key, dst_off, length = s
-            except (TypeError, ValueError):
-                raise TypeError(f"segment {i} is not a Segment or a 5-tuple: {s!r}") from None
+            if not isinstance(s, tuple) or len(s) not in (5, 8):
+                raise TypeError(f"segment {i} is not a Segment, a Segment2D, a 5- or an 8-tuple: {s!r}")
             d = arr[i]
-            d.src_key = _check_u64(f"segment {i} src_key", src_key)
-            d.src_off = _check_u64(f"segment {i} src_off", src_off)
-            d.dst_key = _check_u64(f"segment {i} dst_key", dst_key)
-            d.dst_off = _check_u64(f"segment {i} dst_off", dst_off)
-            d.len = _check_u64(f"segment {i} length", length)
+            for name, value in zip(("src_key", "src_off", "dst_key", "dst_off", "len"), s[:5]):
+                setattr(d, name, _check_u64(f"segment {i} {name}", value))
+            if not two_d:
+                continue
+            count, sstride, dstride = s[5:] if len(s) == 8 else (1, 0, 0)
+            if not isinstance(count, int) or isinstance(count, bool) or not 1 <= count <= _U32_MAX:
+                raise InvalidArgument(errno.EINVAL, "submit", detail=f"segment {i}: count {count!r} is outside [1, 2**32)")
+            d.count = count
+            d.src_stride = _check_u64(f"segment {i} src_stride", sstride)
+            d.dst_stride = _check_u64(f"segment {i} dst_stride", dstride)
         desc = _lib.XferDesc_t(user_id=user_id, peer=pidx, timeout_ns=timeout_ns)
         with self._sq_lock:
             ptr = self._handle("submit")
-            rc = self._lib.kvp_submit(ptr, ctypes.byref(desc), arr, n)
+            submit = self._lib.kvp_submit2d if two_d else self._lib.kvp_submit
+            rc = submit(ptr, ctypes.byref(desc), arr, n)
         if rc < 0:
             cls = InvalidArgument if rc == -errno.EINVAL else KvproxyError
             detail = "submission ring full" if rc == -errno.EAGAIN else ""

@@ -26,6 +26,7 @@ from typing import List, Optional
 __all__ = [
     "LibraryNotFoundError",
     "Segment_t",
+    "Segment2D_t",
     "XferDesc_t",
     "Cqe_t",
     "load",
@@ -71,6 +72,21 @@ class Segment_t(ctypes.Structure):
     ]
 
 
+class Segment2D_t(ctypes.Structure):
+    """struct kvp_segment2d."""
+
+    _fields_ = [
+        ("src_key", ctypes.c_uint64),
+        ("src_off", ctypes.c_uint64),
+        ("dst_key", ctypes.c_uint64),
+        ("dst_off", ctypes.c_uint64),
+        ("len", ctypes.c_uint64),
+        ("count", ctypes.c_uint64),
+        ("src_stride", ctypes.c_uint64),
+        ("dst_stride", ctypes.c_uint64),
+    ]
+
+
 class XferDesc_t(ctypes.Structure):
     """struct kvp_xfer_desc."""
 
@@ -103,6 +119,7 @@ class Cqe_t(ctypes.Structure):
 
 # The same pins as the static_asserts in kvp_rings.h / kvproxy.h.
 assert ctypes.sizeof(Segment_t) == 40
+assert ctypes.sizeof(Segment2D_t) == 64
 assert ctypes.sizeof(XferDesc_t) == 24
 assert ctypes.sizeof(Cqe_t) == 128
 assert Cqe_t.phase_ns.offset == 40
@@ -146,6 +163,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     fn("kvp_region_deregister", c_int, _c_client_p, u64)
     fn("kvp_peer_lookup", c_int, _c_client_p, c_char_p, P(u16))
     fn("kvp_submit", c_int, _c_client_p, P(XferDesc_t), P(Segment_t), u32)
+    fn("kvp_submit2d", c_int, _c_client_p, P(XferDesc_t), P(Segment2D_t), u32)
     fn("kvp_cancel", c_int, _c_client_p, u64)
     fn("kvp_fence", c_int, _c_client_p, u64, u64, u32, u64)
     fn("kvp_poll", c_int, _c_client_p, P(Cqe_t), u32)
