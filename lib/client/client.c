@@ -2,14 +2,10 @@
 /*
  * libkvproxy: client side of the kvproxyd client socket and channel.
  *
- * Control calls are one fixed-size request and one fixed-size reply on the
- * UNIX socket (fds ride along with SCM_RIGHTS); the data path is the SPSC
- * rings of the channel that HELLO hands over. Only kvp_connect() allocates.
- *
- * Bounds: every wait on the socket is a poll() against a deadline (the
- * connect timeout for HELLO, the control timeout afterwards); the data path
- * never waits. A hang-up of the socket is the daemon's death: it is sticky
- * (c->gone) and every call reports it with -EPIPE.
+ * The data path is the SPSC rings of the channel that HELLO hands over; it
+ * never waits. Control calls go through ctrl.c, each bounded. A hang-up of
+ * the socket is the daemon's death: it is sticky (c->gone) and every call
+ * reports it with -EPIPE. Only kvp_connect() allocates.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -28,451 +24,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "kvproxy.h"
-
-#define HELLO_FDS     3
-#define CTRL_FDS_MAX  HELLO_FDS
-#define NSEC_PER_SEC  1000000000ull
-#define NSEC_PER_MSEC 1000000ull
-#define GONE_CHECK_NS ((uint64_t)KVP_GONE_CHECK_US * 1000)
-#define NO_DEADLINE   UINT64_MAX
-
-struct kvp_client {
-	int sock;
-	int sq_doorbell; /* we write it when the daemon sleeps on the SQ */
-	int cq_notify;   /* the daemon writes it when we sleep on the CQ */
-	void *chan;
-	size_t chan_len;
-	struct kvp_ring sq;
-	struct kvp_ring cq;
-	uint64_t seq;
-	/*
-	 * Non-zero while a control call waits for its reply: kvp_wait() may run
-	 * on another thread and must then not mistake that reply for garbage.
-	 */
-	atomic_uint ctrl_gen; /* odd while a control call runs; bumped at its start and end */
-	/* The socket hung up: the daemon is gone. Set by any thread, never cleared. */
-	atomic_bool gone;
-	/* A timeout left half a message on the socket: request/reply framing is lost. */
-	bool ctrl_broken;
-	int ctrl_timeout_ms; /* -1: no bound */
-	/* Last liveness check of the submit thread and of the completion thread. */
-	uint64_t sq_check_ns;
-	uint64_t cq_check_ns;
-	uint32_t client_id;
-	uint32_t max_segs; /* daemon limit, clamped to what the SQ can hold */
-	/* Header plus max_segs segments, staged for one bulk enqueue. */
-	struct kvp_sqe_seg *scratch;
-	char node_id[KVP_NODE_ID_MAX];
-	char errmsg[KVP_ERRMSG_MAX];
-};
-
-static void
-set_error(struct kvp_client *c, const char *msg)
-{
-	size_t n = 0;
-
-	/* Copied by hand: msg may be a short literal or the daemon's bounded errmsg. */
-	while (n < sizeof(c->errmsg) - 1 && msg[n] != '\0') {
-		c->errmsg[n] = msg[n];
-		n++;
-	}
-	c->errmsg[n] = '\0';
-}
-
-static uint64_t
-now_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * NSEC_PER_SEC + (uint64_t)ts.tv_nsec;
-}
-
-static uint64_t
-deadline_of(int timeout_ms)
-{
-	return timeout_ms < 0 ? NO_DEADLINE : now_ns() + (uint64_t)timeout_ms * NSEC_PER_MSEC;
-}
-
-/* Milliseconds until @p deadline for poll(), rounded up; -1 for none; 0 once passed. */
-static int
-ms_left(uint64_t deadline)
-{
-	uint64_t now;
-
-	if (deadline == NO_DEADLINE)
-		return -1;
-	now = now_ns();
-	if (now >= deadline)
-		return 0;
-	uint64_t ms = (deadline - now + NSEC_PER_MSEC - 1) / NSEC_PER_MSEC;
-
-	return ms > INT32_MAX ? INT32_MAX : (int)ms;
-}
-
-static void
-mark_gone(struct kvp_client *c)
-{
-	atomic_store_explicit(&c->gone, true, memory_order_relaxed);
-}
-
-/*
- * Wait until the socket is ready for @p events or the deadline passes.
- * @return 0 ready (or hung up: the next send/recv says so); -ETIMEDOUT; -errno
- */
-static int
-wait_sock(struct kvp_client *c, short events, uint64_t deadline)
-{
-	for (;;) {
-		struct pollfd p = { .fd = c->sock, .events = events };
-		int ms = ms_left(deadline);
-		int rc = poll(&p, 1, ms);
-
-		if (rc > 0)
-			return 0;
-		if (rc == 0)
-			return -ETIMEDOUT;
-		if (errno != EINTR)
-			return -errno;
-	}
-}
-
-/*
- * Data-path liveness: has the daemon hung up? One poll() of the socket at
- * most every KVP_GONE_CHECK_US per calling thread (@p last is that thread's
- * stamp), so the submit and completion paths stay free of system calls.
- */
-static bool
-gone_check(struct kvp_client *c, uint64_t *last, uint64_t now)
-{
-	if (atomic_load_explicit(&c->gone, memory_order_relaxed))
-		return true;
-	if (now - *last < GONE_CHECK_NS)
-		return false;
-	*last = now;
-
-	/* No events asked for: POLLHUP and POLLERR are reported anyway. */
-	struct pollfd p = { .fd = c->sock, .events = 0 };
-
-	if (poll(&p, 1, 0) > 0 && (p.revents & (POLLHUP | POLLERR | POLLNVAL))) {
-		mark_gone(c);
-		return true;
-	}
-	return false;
-}
-
-static void
-close_fds(int *fds, unsigned int n)
-{
-	for (unsigned int i = 0; i < n; i++)
-		if (fds[i] >= 0)
-			close(fds[i]);
-}
-
-static int
-send_all(struct kvp_client *c, const void *buf, size_t len, int fd, uint64_t deadline)
-{
-	const uint8_t *p = buf;
-	size_t total = len;
-	union {
-		struct cmsghdr align;
-		char buf[CMSG_SPACE(sizeof(int))];
-	} cbuf;
-
-	while (len > 0) {
-		struct iovec iov = { .iov_base = (void *)p, .iov_len = len };
-		struct msghdr msg = { .msg_iov = &iov, .msg_iovlen = 1 };
-
-		/* The fd goes with the first byte only; it must not be sent twice. */
-		if (fd >= 0) {
-			memset(&cbuf, 0, sizeof(cbuf));
-			msg.msg_control = cbuf.buf;
-			msg.msg_controllen = sizeof(cbuf.buf);
-			struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
-
-			cm->cmsg_level = SOL_SOCKET;
-			cm->cmsg_type = SCM_RIGHTS;
-			cm->cmsg_len = CMSG_LEN(sizeof(int));
-			memcpy(CMSG_DATA(cm), &fd, sizeof(int));
-		}
-		ssize_t n = sendmsg(c->sock, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
-
-		if (n < 0) {
-			if (errno == EINTR)
-				continue;
-			if (errno == EAGAIN || errno == EWOULDBLOCK) {
-				int rc = wait_sock(c, POLLOUT, deadline);
-
-				if (rc == -ETIMEDOUT) {
-					set_error(c, "kvproxyd did not take the request within the "
-						     "timeout (daemon stopped or stuck?)");
-					/* Half a request on the socket: nothing after it parses. */
-					c->ctrl_broken = len != total;
-					return rc;
-				}
-				if (rc < 0) {
-					set_error(c, "waiting to send to kvproxyd failed");
-					return rc;
-				}
-				continue;
-			}
-			if (errno == EPIPE || errno == ECONNRESET) {
-				mark_gone(c);
-				set_error(c, "kvproxyd closed the connection");
-				return -EPIPE;
-			}
-			set_error(c, "sending to kvproxyd failed");
-			return -errno;
-		}
-		fd = -1;
-		p += n;
-		len -= (size_t)n;
-	}
-	return 0;
-}
-
-/*
- * Read exactly @p len bytes, collecting fds from every segment: the daemon
- * sends them with the reply, but a short read could split the reply, and
- * fds we did not ask for must still be closed rather than leaked.
- */
-static int
-recv_all(struct kvp_client *c, void *buf, size_t len, int *fds, unsigned int *nfds,
-	 uint64_t deadline)
-{
-	uint8_t *p = buf;
-	size_t total = len;
-	bool extra = false;
-	union {
-		struct cmsghdr align;
-		char buf[CMSG_SPACE(sizeof(int) * CTRL_FDS_MAX)];
-	} cbuf;
-
-	*nfds = 0;
-	while (len > 0) {
-		struct iovec iov = { .iov_base = p, .iov_len = len };
-		struct msghdr msg = {
-			.msg_iov = &iov,
-			.msg_iovlen = 1,
-			.msg_control = cbuf.buf,
-			.msg_controllen = sizeof(cbuf.buf),
-		};
-		ssize_t n = recvmsg(c->sock, &msg, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
-
-		if (n < 0) {
-			if (errno == EINTR)
-				continue;
-			int err = errno == ECONNRESET ? EPIPE : errno;
-
-			if (err == EAGAIN || err == EWOULDBLOCK) {
-				err = -wait_sock(c, POLLIN, deadline);
-				if (err == 0)
-					continue;
-				if (err == ETIMEDOUT) {
-					set_error(c, "kvproxyd did not answer within the timeout "
-						     "(daemon stopped or stuck?)");
-					/* Half a reply read: the next one would start mid-message. */
-					c->ctrl_broken = len != total;
-				} else {
-					set_error(c, "waiting for kvproxyd failed");
-				}
-			} else {
-				if (err == EPIPE)
-					mark_gone(c);
-				set_error(c, "receiving from kvproxyd failed");
-			}
-			close_fds(fds, *nfds);
-			*nfds = 0;
-			return -err;
-		}
-		for (struct cmsghdr *cm = CMSG_FIRSTHDR(&msg); cm; cm = CMSG_NXTHDR(&msg, cm)) {
-			if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS)
-				continue;
-			unsigned int k = (unsigned int)((cm->cmsg_len - CMSG_LEN(0)) / sizeof(int));
-
-			for (unsigned int i = 0; i < k; i++) {
-				int fd;
-
-				memcpy(&fd, CMSG_DATA(cm) + i * sizeof(int), sizeof(int));
-				if (*nfds < CTRL_FDS_MAX) {
-					fds[(*nfds)++] = fd;
-				} else {
-					close(fd);
-					extra = true;
-				}
-			}
-		}
-		if (msg.msg_flags & MSG_CTRUNC)
-			extra = true;
-		if (n == 0) {
-			mark_gone(c);
-			set_error(c, "kvproxyd closed the connection");
-			close_fds(fds, *nfds);
-			*nfds = 0;
-			return -EPIPE;
-		}
-		p += n;
-		len -= (size_t)n;
-	}
-	if (extra) {
-		set_error(c, "kvproxyd sent more fds than the protocol allows");
-		close_fds(fds, *nfds);
-		*nfds = 0;
-		return -EPROTO;
-	}
-	return 0;
-}
-
-/*
- * One request/reply exchange. On success with @p want_fds > 0, exactly that
- * many fds are returned in @p fds; in every other case none are left open.
- */
-static int
-ctrl_call_until(struct kvp_client *c, struct kvp_ctrl_req *req, int send_fd,
-		struct kvp_ctrl_rep *rep, int *fds, unsigned int want_fds, uint64_t deadline)
-{
-	int rfds[CTRL_FDS_MAX];
-	unsigned int nfds = 0;
-	int rc;
-
-	if (atomic_load_explicit(&c->gone, memory_order_relaxed)) {
-		set_error(c, "kvproxyd closed the connection");
-		return -EPIPE;
-	}
-	if (c->ctrl_broken) {
-		set_error(c, "the control connection is out of step after a timed-out call; "
-			     "close the client and connect again");
-		return -EPROTO;
-	}
-	req->magic = KVP_CTRL_MAGIC;
-	req->abi_version = KVP_ABI_VERSION;
-	req->seq = ++c->seq;
-	/* Pairs with the loads in check_sock(): odd before the reply can arrive. */
-	atomic_fetch_add(&c->ctrl_gen, 1);
-	rc = send_all(c, req, sizeof(*req), send_fd, deadline);
-	if (rc == -EPIPE && req->op == KVP_CTRL_HELLO) {
-		/* A daemon that refuses a connection answers and closes: read why. */
-		if (recv_all(c, rep, sizeof(*rep), rfds, &nfds, now_ns()) == 0 &&
-		    rep->magic == KVP_CTRL_MAGIC && rep->op == req->op && rep->err != 0) {
-			rc = 0;
-		} else {
-			close_fds(rfds, nfds);
-			nfds = 0;
-			set_error(c, "kvproxyd closed the connection");
-		}
-	} else {
-		while (rc == 0) {
-			rc = recv_all(c, rep, sizeof(*rep), rfds, &nfds, deadline);
-			/* The late reply of a call that timed out before: not ours. */
-			if (rc == 0 && rep->magic == KVP_CTRL_MAGIC && rep->seq < req->seq &&
-			    req->op != KVP_CTRL_HELLO) {
-				close_fds(rfds, nfds);
-				nfds = 0;
-				continue;
-			}
-			break;
-		}
-	}
-	atomic_fetch_add(&c->ctrl_gen, 1);
-	if (rc < 0)
-		return rc;
-
-	/* A refusal sent before the daemon read our HELLO cannot know its seq. */
-	if (req->op == KVP_CTRL_HELLO && rep->magic == KVP_CTRL_MAGIC && rep->op == req->op &&
-	    rep->err != 0)
-		rep->seq = req->seq;
-	if (rep->magic != KVP_CTRL_MAGIC || rep->op != req->op || rep->seq != req->seq) {
-		set_error(c, "malformed reply from kvproxyd");
-		rc = -EPROTO;
-	} else if (rep->err != 0) {
-		rep->errmsg[KVP_ERRMSG_MAX - 1] = '\0';
-		set_error(c, rep->errmsg[0] ? rep->errmsg : "kvproxyd refused the request");
-		/* The protocol says negative errno; do not let a sign slip become success. */
-		rc = rep->err < 0 ? rep->err : -rep->err;
-	} else if (nfds != want_fds) {
-		set_error(c, "reply from kvproxyd carries the wrong number of fds");
-		rc = -EPROTO;
-	}
-	if (rc < 0) {
-		close_fds(rfds, nfds);
-		return rc;
-	}
-	if (nfds > 0)
-		memcpy(fds, rfds, nfds * sizeof(int));
-	return 0;
-}
-
-/* A control call after kvp_connect(), bounded by the client's control timeout. */
-static int
-ctrl_call(struct kvp_client *c, struct kvp_ctrl_req *req, int send_fd, struct kvp_ctrl_rep *rep,
-	  int *fds, unsigned int want_fds)
-{
-	return ctrl_call_until(c, req, send_fd, rep, fds, want_fds,
-			       deadline_of(c->ctrl_timeout_ms));
-}
-
-static void
-ctrl_init(struct kvp_ctrl_req *req, uint16_t op)
-{
-	memset(req, 0, sizeof(*req));
-	req->op = op;
-}
-
-/*
- * Connect within @p deadline. A UNIX connect() waits while the listener's
- * backlog is full (a stopped daemon), bounded by SO_SNDTIMEO, after which it
- * fails with EAGAIN.
- */
-static int
-sock_connect(const char *path, int *out, uint64_t deadline)
-{
-	struct sockaddr_un sa = { .sun_family = AF_UNIX };
-	size_t n = strlen(path);
-	int fd, rc;
-
-	if (n == 0 || n >= sizeof(sa.sun_path))
-		return -ENAMETOOLONG;
-	memcpy(sa.sun_path, path, n + 1);
-	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	if (fd < 0)
-		return -errno;
-	for (;;) {
-		int ms = ms_left(deadline);
-
-		if (ms == 0) {
-			rc = -ETIMEDOUT;
-			break;
-		}
-		/* 0 means no bound to SO_SNDTIMEO, as -1 does to us. */
-		struct timeval tv = { .tv_sec = ms < 0 ? 0 : ms / 1000,
-				      .tv_usec = ms < 0 ? 0 : (ms % 1000) * 1000 };
-
-		if (setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv)) < 0) {
-			rc = -errno;
-			break;
-		}
-		if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0) {
-			rc = 0;
-			break;
-		}
-		if (errno != EINTR) {
-			/* EAGAIN: the backlog stayed full until SO_SNDTIMEO ran out. */
-			rc = errno == EAGAIN ? -ETIMEDOUT : -errno;
-			break;
-		}
-	}
-	if (rc == 0) {
-		/* Later sends wait through poll() against their own deadlines. */
-		struct timeval none = { 0 };
-
-		setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &none, sizeof(none));
-		*out = fd;
-		return 0;
-	}
-	close(fd);
-	return rc;
-}
+#include "client_priv.h"
 
 /* Map and validate the channel; the memfd is closed either way (the mapping keeps it). */
 static int
@@ -485,7 +37,7 @@ chan_map(struct kvp_client *c, int memfd, uint64_t chan_size)
 	/* A file shorter than the announced size would SIGBUS us on access. */
 	if (chan_size == 0 || chan_size > SIZE_MAX || fstat(memfd, &st) < 0 ||
 	    (uint64_t)st.st_size < chan_size) {
-		set_error(c, "channel from kvproxyd is smaller than announced");
+		client_set_error(c, "channel from kvproxyd is smaller than announced");
 		close(memfd);
 		return -EPROTO;
 	}
@@ -493,12 +45,12 @@ chan_map(struct kvp_client *c, int memfd, uint64_t chan_size)
 	rc = mem == MAP_FAILED ? -errno : 0;
 	close(memfd);
 	if (rc < 0) {
-		set_error(c, "cannot map the channel");
+		client_set_error(c, "cannot map the channel");
 		return rc;
 	}
 	rc = kvp_chan_attach(mem, (size_t)chan_size, false, &c->sq, &c->cq);
 	if (rc < 0) {
-		set_error(c, rc == -EPROTONOSUPPORT ? "channel ABI version mismatch" :
+		client_set_error(c, rc == -EPROTONOSUPPORT ? "channel ABI version mismatch" :
 						      "channel from kvproxyd is malformed");
 		munmap(mem, (size_t)chan_size);
 		return -EPROTO;
@@ -553,7 +105,7 @@ kvp_connect_ex(const char *sock_path, const struct kvp_connect_opts *opts, struc
 		connect_error(err, errlen, "invalid arguments");
 		return -EINVAL;
 	}
-	deadline = deadline_of(opts->timeout_ms ? opts->timeout_ms : KVP_CONNECT_TIMEOUT_MS);
+	deadline = client_deadline(opts->timeout_ms ? opts->timeout_ms : KVP_CONNECT_TIMEOUT_MS);
 	c = calloc(1, sizeof(*c));
 	if (c == NULL) {
 		connect_error(err, errlen, "out of memory");
@@ -564,7 +116,7 @@ kvp_connect_ex(const char *sock_path, const struct kvp_connect_opts *opts, struc
 	atomic_init(&c->ctrl_gen, 0);
 	atomic_init(&c->gone, false);
 
-	rc = sock_connect(sock_path, &c->sock, deadline);
+	rc = client_sock_connect(sock_path, &c->sock, deadline);
 	if (rc < 0) {
 		connect_error(err, errlen, "%s: %s", sock_path,
 			      rc == -ETIMEDOUT ? "kvproxyd did not accept the connection in time "
@@ -573,11 +125,11 @@ kvp_connect_ex(const char *sock_path, const struct kvp_connect_opts *opts, struc
 		goto err_free;
 	}
 
-	ctrl_init(&req, KVP_CTRL_HELLO);
+	client_ctrl_init(&req, KVP_CTRL_HELLO);
 	req.u.hello.sq_entries = opts->sq_entries;
 	req.u.hello.cq_entries = opts->cq_entries;
 	req.u.hello.pid = (int32_t)getpid();
-	rc = ctrl_call_until(c, &req, -1, &rep, fds, HELLO_FDS, deadline);
+	rc = client_ctrl_call_until(c, &req, -1, &rep, fds, HELLO_FDS, deadline);
 	if (rc < 0) {
 		/* The daemon's own reason when it refused us, else what went wrong here. */
 		connect_error(err, errlen, "%s", c->errmsg);
@@ -687,14 +239,14 @@ kvp_region_register(struct kvp_client *c, int fd, uint64_t fd_offset, uint64_t l
 	if (c == NULL)
 		return -EINVAL;
 	if (fd < 0 || len == 0 || key == NULL) {
-		set_error(c, "invalid region arguments");
+		client_set_error(c, "invalid region arguments");
 		return -EINVAL;
 	}
-	ctrl_init(&req, KVP_CTRL_REG);
+	client_ctrl_init(&req, KVP_CTRL_REG);
 	req.u.reg.fd_offset = fd_offset;
 	req.u.reg.len = len;
 	req.u.reg.flags = flags;
-	rc = ctrl_call(c, &req, fd, &rep, NULL, 0);
+	rc = client_ctrl_call(c, &req, fd, &rep, NULL, 0);
 	if (rc < 0)
 		return rc;
 	*key = rep.u.reg.key;
@@ -710,17 +262,17 @@ register_gpu(struct kvp_client *c, int fd, const void *ipc, uint64_t offset, uin
 	int rc;
 
 	if (len == 0 || key == NULL || device < 0) {
-		set_error(c, "invalid GPU region arguments");
+		client_set_error(c, "invalid GPU region arguments");
 		return -EINVAL;
 	}
-	ctrl_init(&req, KVP_CTRL_REG);
+	client_ctrl_init(&req, KVP_CTRL_REG);
 	req.u.reg.fd_offset = offset;
 	req.u.reg.len = len;
 	req.u.reg.flags = flags;
 	req.u.reg.device = device;
 	if (ipc)
 		memcpy(req.u.reg.ipc, ipc, sizeof(req.u.reg.ipc));
-	rc = ctrl_call(c, &req, fd, &rep, NULL, 0);
+	rc = client_ctrl_call(c, &req, fd, &rep, NULL, 0);
 	if (rc < 0)
 		return rc;
 	*key = rep.u.reg.key;
@@ -734,7 +286,7 @@ kvp_region_register_cuda_ipc(struct kvp_client *c, const void *ipc_handle, uint6
 	if (c == NULL)
 		return -EINVAL;
 	if (ipc_handle == NULL) {
-		set_error(c, "no IPC handle");
+		client_set_error(c, "no IPC handle");
 		return -EINVAL;
 	}
 	return register_gpu(c, -1, ipc_handle, offset, len, device, KVP_REGION_CUDA_IPC, key);
@@ -747,7 +299,7 @@ kvp_region_register_cuda_fd(struct kvp_client *c, int fd, uint64_t len, int devi
 	if (c == NULL)
 		return -EINVAL;
 	if (fd < 0) {
-		set_error(c, "invalid fd");
+		client_set_error(c, "invalid fd");
 		return -EINVAL;
 	}
 	return register_gpu(c, fd, NULL, 0, len, device, KVP_REGION_CUDA_VMM, key);
@@ -761,9 +313,9 @@ kvp_region_deregister(struct kvp_client *c, uint64_t key)
 
 	if (c == NULL)
 		return -EINVAL;
-	ctrl_init(&req, KVP_CTRL_DEREG);
+	client_ctrl_init(&req, KVP_CTRL_DEREG);
 	req.u.dereg.key = key;
-	return ctrl_call(c, &req, -1, &rep, NULL, 0);
+	return client_ctrl_call(c, &req, -1, &rep, NULL, 0);
 }
 
 int
@@ -777,17 +329,17 @@ kvp_peer_lookup(struct kvp_client *c, const char *node_id, uint16_t *peer)
 	if (c == NULL)
 		return -EINVAL;
 	if (node_id == NULL || peer == NULL) {
-		set_error(c, "invalid peer lookup arguments");
+		client_set_error(c, "invalid peer lookup arguments");
 		return -EINVAL;
 	}
 	n = strnlen(node_id, KVP_NODE_ID_MAX);
 	if (n == 0 || n >= KVP_NODE_ID_MAX) {
-		set_error(c, "node id is empty or too long");
+		client_set_error(c, "node id is empty or too long");
 		return -EINVAL;
 	}
-	ctrl_init(&req, KVP_CTRL_PEER_LOOKUP);
+	client_ctrl_init(&req, KVP_CTRL_PEER_LOOKUP);
 	memcpy(req.u.peer.node_id, node_id, n + 1);
-	rc = ctrl_call(c, &req, -1, &rep, NULL, 0);
+	rc = client_ctrl_call(c, &req, -1, &rep, NULL, 0);
 	if (rc < 0)
 		return rc;
 	*peer = rep.u.peer.peer;
@@ -819,7 +371,7 @@ sq_kick(struct kvp_client *c)
 static int
 sq_publish(struct kvp_client *c, const void *sqes, uint32_t n, uint64_t now)
 {
-	if (gone_check(c, &c->sq_check_ns, now))
+	if (client_gone_check(c, &c->sq_check_ns, now))
 		return -EPIPE;
 
 	int rc = kvp_ring_enqueue_bulk(&c->sq, sqes, n);
@@ -841,7 +393,7 @@ kvp_submit(struct kvp_client *c, const struct kvp_xfer_desc *x, const struct kvp
 		return -EINVAL;
 
 	struct kvp_sqe_xfer *h = (struct kvp_sqe_xfer *)&c->scratch[0];
-	uint64_t now = now_ns();
+	uint64_t now = client_now_ns();
 
 	memset(h, 0, sizeof(*h));
 	h->op = KVP_OP_XFER;
@@ -879,7 +431,7 @@ kvp_submit2d(struct kvp_client *c, const struct kvp_xfer_desc *x,
 	h->nseg = nseg;
 	h->user_id = x->user_id;
 	h->timeout_ns = x->timeout_ns;
-	h->submit_ns = now_ns();
+	h->submit_ns = client_now_ns();
 	for (uint32_t i = 0; i < nseg; i++) {
 		struct kvp_sqe_seg2d *s = (struct kvp_sqe_seg2d *)&c->scratch[1 + i];
 		const struct kvp_segment2d *g = &segs[i];
@@ -912,7 +464,7 @@ kvp_cancel(struct kvp_client *c, uint64_t user_id)
 	memset(&h, 0, sizeof(h));
 	h.op = KVP_OP_CANCEL;
 	h.user_id = user_id;
-	h.submit_ns = now_ns();
+	h.submit_ns = client_now_ns();
 	return sq_publish(c, &h, 1, h.submit_ns);
 }
 
@@ -930,7 +482,7 @@ kvp_fence(struct kvp_client *c, uint64_t value, uint64_t mask, uint32_t hold_ms,
 	f.fence_id = fence_id;
 	f.value = value & mask;
 	f.mask = mask;
-	return sq_publish(c, &f, 1, now_ns());
+	return sq_publish(c, &f, 1, client_now_ns());
 }
 
 int
@@ -948,7 +500,7 @@ kvp_poll(struct kvp_client *c, struct kvp_cqe *out, uint32_t max)
 		return n;
 	}
 	/* Completions posted before the daemon died come first; then say it died. */
-	if (n == 0 && gone_check(c, &c->cq_check_ns, now_ns()))
+	if (n == 0 && client_gone_check(c, &c->cq_check_ns, client_now_ns()))
 		return -EPIPE;
 	return n;
 }
@@ -967,7 +519,7 @@ check_sock(struct kvp_client *c, short revents)
 
 	if (revents & (POLLHUP | POLLERR | POLLNVAL))
 		return -EPIPE;
-	/* Pairs with the increments in ctrl_call(). */
+	/* Pairs with the increments in client_ctrl_call(). */
 	unsigned g0 = atomic_load(&c->ctrl_gen);
 	n = recv(c->sock, &b, 1, MSG_PEEK | MSG_DONTWAIT);
 	unsigned g1 = atomic_load(&c->ctrl_gen);
@@ -988,7 +540,7 @@ kvp_wait(struct kvp_client *c, struct kvp_cqe *out, uint32_t max, int timeout_ms
 	if (c == NULL || out == NULL || max == 0)
 		return -EINVAL;
 	if (timeout_ms > 0)
-		deadline = now_ns() + (uint64_t)timeout_ms * NSEC_PER_MSEC;
+		deadline = client_now_ns() + (uint64_t)timeout_ms * NSEC_PER_MSEC;
 
 	for (;;) {
 		n = kvp_poll(c, out, max);
@@ -998,7 +550,7 @@ kvp_wait(struct kvp_client *c, struct kvp_cqe *out, uint32_t max, int timeout_ms
 		struct timespec ts, *tsp = NULL;
 
 		if (timeout_ms > 0) {
-			uint64_t now = now_ns();
+			uint64_t now = client_now_ns();
 
 			if (now >= deadline)
 				return 0;
@@ -1037,7 +589,7 @@ kvp_wait(struct kvp_client *c, struct kvp_cqe *out, uint32_t max, int timeout_ms
 
 			if (err2 < 0) {
 				if (err2 == -EPIPE)
-					mark_gone(c);
+					client_mark_gone(c);
 				/* Completions posted before the daemon died are still the caller's. */
 				n = kvp_poll(c, out, max);
 				return n != 0 ? n : err2;

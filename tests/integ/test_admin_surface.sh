@@ -351,7 +351,8 @@ def hello(path, sq, cq):
         return "eacces", ""
     data, fds = b"", []
     try:
-        s.sendall(struct.pack("<HHIQIIi", 0x4b56, 1, 1, 1, sq, cq, os.getpid()).ljust(256, b"\0"))
+        # magic, HELLO, KVP_ABI_VERSION (2), seq 1
+        s.sendall(struct.pack("<HHIQIIi", 0x4b56, 1, 2, 1, sq, cq, os.getpid()).ljust(256, b"\0"))
     except (BrokenPipeError, ConnectionResetError):
         pass  # refused before our HELLO was read: the reply may be waiting all the same
     try:
