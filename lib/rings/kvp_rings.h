@@ -521,6 +521,13 @@ kvp_ring_room_wakeup_needed(struct kvp_ring *r)
 #define KVP_CTRL_MSGLEN 256u
 #define KVP_ERRMSG_MAX	160
 
+/*
+ * A connection kvproxyd refuses before it has read its HELLO (credentials,
+ * limits.max_clients reached, no file descriptor left) gets a HELLO reply
+ * with err and errmsg and seq 1 (libkvproxy's HELLO is a connection's first
+ * request, seq 1) and is closed; the client may find its own HELLO refused
+ * by the closed socket, and reads that reply all the same.
+ */
 enum kvp_ctrl_op {
 	KVP_CTRL_HELLO = 1,	 /**< -> channel fd, SQ doorbell fd, CQ notify fd */
 	KVP_CTRL_REG = 2,	 /**< fd attached: map it as a region -> key */
