@@ -157,7 +157,7 @@ def pattern(seed: int, plane: int, block: int, n: int) -> bytes:
 
 def make_vllm_config(role: str, sock: str, tp: int = 1, block_size: int = 16, num_blocks: int = 64,
                      extra: Optional[Dict[str, Any]] = None, **parallel: Any) -> SimpleNamespace:
-    cfg = {"kvproxy_socket": sock}
+    cfg = {"kvproxy_socket": sock, "kvproxy_bootstrap_host": "127.0.0.1"}
     cfg.update(extra or {})
     kvt = SimpleNamespace(kv_connector="KvproxyConnector", kv_connector_module_path="kvproxy.vllm",
                           kv_role=role, engine_id=f"engine-{random.getrandbits(32):08x}",

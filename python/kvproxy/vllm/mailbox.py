@@ -19,6 +19,7 @@ import http.client
 import json
 import os
 import select
+import time
 import urllib.parse
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -37,10 +38,17 @@ def mailbox_key(request_id: str, rank: int) -> str:
 class LongPoll:
     """An interruptible long poll of one mailbox (one thread uses it; :meth:`wake` from any).
 
+    A wait that :meth:`wake` interrupts leaves its request in flight: its
+    connection is kept, and its reply (due within the request's
+    ``wait_ms``) is read and dropped by a later :meth:`wait`, so the
+    mailbox never writes into a closed connection.
+
     :param addr: ``host:port`` (``[v6]:port`` too).
     :param io_timeout: seconds allowed to connect, send, and for the reply
         beyond ``wait_ms``.
     """
+
+    _MAX_STALE = 4
 
     def __init__(self, addr: str, io_timeout: float = 2.0) -> None:
         host, sep, port = addr.rpartition(":")
@@ -50,7 +58,8 @@ class LongPoll:
         self._host = host.strip("[]")
         self._port = int(port)
         self._io = io_timeout
-        self._conn: Optional[http.client.HTTPConnection] = None
+        self._idle: List[http.client.HTTPConnection] = []
+        self._stale: List[http.client.HTTPConnection] = []
         self._r, self._w = os.pipe()
         os.set_blocking(self._r, False)
         os.set_blocking(self._w, False)
@@ -69,6 +78,35 @@ class LongPoll:
         except (BlockingIOError, OSError):
             pass
 
+    @staticmethod
+    def _read(conn: http.client.HTTPConnection) -> Tuple[int, bytes]:
+        resp = conn.getresponse()
+        return resp.status, resp.read()
+
+    def _settle_stale(self, conn: http.client.HTTPConnection) -> None:
+        """Read and drop the reply of an interrupted wait; keep the connection if it is sound."""
+        self._stale.remove(conn)
+        try:
+            self._read(conn)
+            self._idle.append(conn)
+        except (OSError, http.client.HTTPException):
+            conn.close()
+
+    def _send(self, body: bytes) -> http.client.HTTPConnection:
+        for attempt in (0, 1):
+            conn = self._idle.pop() if self._idle else http.client.HTTPConnection(self._host, self._port,
+                                                                                  timeout=self._io)
+            try:
+                conn.request("POST", _WAIT_PATH, body=body, headers={"Content-Type": "application/json"})
+                return conn
+            except (OSError, http.client.HTTPException) as e:
+                conn.close()
+                # A kept-alive connection the server closed fails once: retry on a new one.
+                if attempt == 1 or not isinstance(e, (BrokenPipeError, ConnectionResetError,
+                                                      http.client.RemoteDisconnected)):
+                    raise BootstrapError(f"mailbox {self.addr}: wait: {e}") from None
+        raise AssertionError("unreachable")
+
     def wait(self, keys: Dict[str, List[str]], wait_ms: int) -> Optional[Tuple[Dict[str, Dict[str, Any]], Dict[str, Dict[str, int]]]]:
         """``(found, ages)`` as :meth:`BootstrapClient.wait` returns them, or
         None when :meth:`wake` interrupted the wait.
@@ -76,45 +114,42 @@ class LongPoll:
         :raises BootstrapError: the mailbox cannot be reached or answers badly.
         """
         body = json.dumps({"keys": keys, "wait_ms": int(wait_ms)}).encode()
-        for attempt in (0, 1):
+        conn = self._send(body)
+        deadline = time.monotonic() + wait_ms / 1000 + self._io
+        while True:
+            left = deadline - time.monotonic()
+            socks = {c.sock: c for c in self._stale if c.sock is not None}
             try:
-                if self._conn is None:
-                    self._conn = http.client.HTTPConnection(self._host, self._port, timeout=self._io)
-                self._conn.request("POST", _WAIT_PATH, body=body, headers={"Content-Type": "application/json"})
+                ready, _, _ = select.select([conn.sock, self._r, *socks], [], [], max(0.0, left))
+            except (OSError, ValueError) as e:
+                conn.close()
+                raise BootstrapError(f"mailbox {self.addr}: wait: {e}") from None
+            for s in ready:
+                if s in socks:
+                    self._settle_stale(socks[s])
+            if conn.sock in ready:
                 break
-            except (OSError, http.client.HTTPException) as e:
-                self.close_conn()
-                # A kept-alive connection the server closed fails once: retry on a new one.
-                if attempt == 1 or not isinstance(e, (BrokenPipeError, ConnectionResetError,
-                                                      http.client.RemoteDisconnected)):
-                    raise BootstrapError(f"mailbox {self.addr}: wait: {e}") from None
-        sock = self._conn.sock
-        try:
-            ready, _, _ = select.select([sock, self._r], [], [], wait_ms / 1000 + self._io)
-        except (OSError, ValueError) as e:
-            self.close_conn()
-            raise BootstrapError(f"mailbox {self.addr}: wait: {e}") from None
-        if sock not in ready:
-            # Woken (or no reply in time): this connection has a request in
-            # flight, so it cannot carry the next one.
-            self.close_conn()
             if self._r in ready:
                 self._drain()
+                self._stale.append(conn)
+                while len(self._stale) > self._MAX_STALE:
+                    self._stale.pop(0).close()
                 return None
-            raise BootstrapError(f"mailbox {self.addr}: no reply within {wait_ms / 1000 + self._io:.1f} s")
+            if not ready and time.monotonic() >= deadline:
+                conn.close()
+                raise BootstrapError(f"mailbox {self.addr}: no reply within {wait_ms / 1000 + self._io:.1f} s")
         try:
-            resp = self._conn.getresponse()
-            raw = resp.read()
+            status, raw = self._read(conn)
         except (OSError, http.client.HTTPException) as e:
-            self.close_conn()
+            conn.close()
             raise BootstrapError(f"mailbox {self.addr}: wait: {e}") from None
+        self._idle.append(conn)
         try:
             reply = json.loads(raw or b"null")
         except ValueError:
-            self.close_conn()
             raise BootstrapError(f"mailbox {self.addr}: wait: reply is not JSON") from None
-        if resp.status != 200 or not isinstance(reply, dict):
-            raise BootstrapError(f"mailbox {self.addr}: wait: HTTP {resp.status}: {reply!r}")
+        if status != 200 or not isinstance(reply, dict):
+            raise BootstrapError(f"mailbox {self.addr}: wait: HTTP {status}: {reply!r}")
         return reply.get("found") or {}, reply.get("age_ms") or {}
 
     def idle(self, timeout: float) -> None:
@@ -129,13 +164,10 @@ class LongPoll:
         """Forget pending wake-ups (call before collecting what to wait for)."""
         self._drain()
 
-    def close_conn(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
-
     def close(self) -> None:
-        self.close_conn()
+        for c in self._idle + self._stale:
+            c.close()
+        self._idle, self._stale = [], []
         for fd in (self._r, self._w):
             try:
                 os.close(fd)

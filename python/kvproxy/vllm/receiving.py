@@ -102,7 +102,7 @@ class _Loop:
                 now = time.monotonic()
                 with w.lock:
                     for r in [r for r in self.recvs.values() if r.state == REGISTERED and now >= r.deadline]:
-                        rx.finish_locked(r, "deadline", cleanup=r.final_seen)
+                        rx.finish_locked(r, "final" if r.final_seen else "deadline", cleanup=r.final_seen)
                     new = [r for r in self.recvs.values() if r.state == QUEUED]
                     posts, self.posts = self.posts, []
                     watch = [r for r in self.recvs.values() if r.state == REGISTERED]
