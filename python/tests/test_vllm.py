@@ -399,6 +399,86 @@ class FailureTest(unittest.TestCase):
                                  f"landed block {src[n]} -> {dst[n]} plane {p} differs")
 
 
+class SchedulerOverheadTest(unittest.TestCase):
+    """Per-request cost of the scheduler-side calls (no daemon involved), printed
+    beside a connector whose methods do nothing, timed in the same run."""
+
+    N = 1000
+    BLOCKS = 64  # a 1k-token prompt
+
+    def test_overhead(self) -> None:
+        class Null:
+            def get_num_new_matched_tokens(self, r, n):
+                return 0, False
+
+            def update_state_after_alloc(self, r, b, n):
+                return None
+
+            def request_finished_all_groups(self, r, b):
+                return False, None
+
+            def build_connector_meta(self, so):
+                return None
+
+            def update_connector_output(self, o):
+                return None
+
+        cfg = vh.make_vllm_config("kv_both", "/x.sock")
+        kvcc = vh.make_kv_cache_config(4096, ["l0"])
+        conn = KvproxyConnector(cfg, vh.Role.SCHEDULER, kvcc)
+        self.addCleanup(conn.shutdown)
+        so = SimpleNamespace(finished_req_ids=set())
+        blocks = [list(range(1 + i, 1 + i + self.BLOCKS)) for i in range(self.N)]
+
+        def prefill_side(c) -> float:
+            reqs = [vh.Request(f"p{i}", self.BLOCKS * 16, {"do_remote_decode": True}) for i in range(self.N)]
+            outs = [SimpleNamespace(finished_sending={f"p{i}"}, finished_recving=None) for i in range(self.N)]
+            t0 = time.perf_counter()
+            for i, r in enumerate(reqs):
+                c.get_num_new_matched_tokens(r, 0)
+                c.update_state_after_alloc(r, vh.Blocks([blocks[i]]), 0)
+                r.status = vh.RequestStatus.FINISHED_LENGTH_CAPPED
+                r.num_computed_tokens = self.BLOCKS * 16
+                c.request_finished_all_groups(r, (blocks[i],))
+                c.build_connector_meta(so)
+                c.update_connector_output(outs[i])
+            return (time.perf_counter() - t0) / self.N * 1e6, reqs
+
+        def decode_side(c, params) -> float:
+            reqs = [vh.Request(f"d{i}", self.BLOCKS * 16, dict(params[i])) for i in range(self.N)]
+            outs = [SimpleNamespace(finished_sending=None, finished_recving={f"d{i}"}) for i in range(self.N)]
+            t0 = time.perf_counter()
+            for i, r in enumerate(reqs):
+                n, _ = c.get_num_new_matched_tokens(r, 0)
+                c.update_state_after_alloc(r, vh.Blocks([blocks[i]]), n)
+                c.build_connector_meta(so)
+                c.update_connector_output(outs[i])
+            return (time.perf_counter() - t0) / self.N * 1e6
+
+        best = {}
+        for _ in range(3):
+            p_us, _ = prefill_side(conn)
+            reqs = [vh.Request(f"q{i}", self.BLOCKS * 16, {"do_remote_decode": True}) for i in range(self.N)]
+            params = []
+            for i, r in enumerate(reqs):
+                r.status = vh.RequestStatus.FINISHED_LENGTH_CAPPED
+                params.append(conn.request_finished_all_groups(r, (blocks[i],))[1])
+            conn.update_connector_output(SimpleNamespace(finished_sending={r.request_id for r in reqs}))
+            conn.build_connector_meta(so)
+            d_us = decode_side(conn, params)
+            n_p, _ = prefill_side(Null())
+            n_d = decode_side(Null(), params)
+            for k, v in (("prefill", p_us), ("decode", d_us), ("null_prefill", n_p), ("null_decode", n_d)):
+                best[k] = min(best.get(k, 1e9), v)
+        self.assertEqual(conn.scheduler.held, 0)
+        print(f"scheduler-side calls, {self.N} requests of {self.BLOCKS} blocks (best of 3): "
+              f"prefill {best['prefill']:.1f} us/request, decode {best['decode']:.1f} us/request; "
+              f"the same calls on a do-nothing connector: {best['null_prefill']:.1f} / {best['null_decode']:.1f} us",
+              file=sys.stderr, flush=True)
+        self.assertLess(best["prefill"], 1000)
+        self.assertLess(best["decode"], 1000)
+
+
 def prefill_child(spec: Dict[str, Any]) -> int:
     """The prefill instance of test_prefill_killed_mid_transfer: prints its
     kv_transfer_params, then steps until it is killed."""
@@ -568,7 +648,7 @@ def main() -> int:
         tb.skip_all("Python >= 3.9 needed (random.randbytes)")
     loader = unittest.TestLoader()
     suite = unittest.TestSuite()
-    for case in (LayoutTest, ConfigStatsTest, StartRefusalTest, TransferTest, FailureTest):
+    for case in (LayoutTest, ConfigStatsTest, StartRefusalTest, SchedulerOverheadTest, TransferTest, FailureTest):
         suite.addTests(loader.loadTestsFromTestCase(case))
     result = unittest.TextTestRunner(verbosity=2, stream=sys.stderr).run(suite)
     return 0 if result.wasSuccessful() else 1

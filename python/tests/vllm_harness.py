@@ -146,6 +146,9 @@ class HostKV:
                 data = pattern(seed, p, b, st)
                 ctypes.memmove(ptr + b * st, data, st)
 
+    def zero(self) -> None:
+        ctypes.memset(addr_of(self.buf), 0, len(self.buf))
+
     def close(self) -> None:
         self.buf.close()
 
