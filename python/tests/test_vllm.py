@@ -367,13 +367,16 @@ class FailureTest(unittest.TestCase):
         dst = list(range(255, 255 - nblk, -1))
         spec = {"sock": sock("prefill0"), "blocks": src, "seed": 51, "rid": rid(), "num_blocks": 256,
                 "extra": {"kvproxy_max_inflight": 1}}
+        # This process's environment: under ASan it preloads the runtime the
+        # child's libkvproxy needs.
         child = subprocess.Popen([sys.executable, __file__, "--prefill-child", json.dumps(spec)],
-                                 stdout=subprocess.PIPE, env=tb.daemon_env() | {"PYTHONPATH": str(HERE.parent)},
+                                 stdout=subprocess.PIPE, env=dict(os.environ, PYTHONPATH=str(HERE.parent)),
                                  preexec_fn=tb.die_with_parent)
         self.addCleanup(lambda: child.poll() is None and (child.kill(), child.wait()))
         ready, _, _ = select.select([child.stdout], [], [], 30)
-        self.assertTrue(ready, "the prefill child printed no kv_transfer_params")
-        params = json.loads(child.stdout.readline())
+        line = child.stdout.readline() if ready else b""
+        self.assertTrue(line, f"the prefill child printed no kv_transfer_params (exit status {child.poll()})")
+        params = json.loads(line)
         d = rid("dec")
         de.decode(d, params, dst)
         rx = de.workers[0].worker.receiver
