@@ -52,7 +52,7 @@ __all__ = ["Receiver"]
 
 log = logging.getLogger("kvproxy.vllm")
 
-QUEUED, REGISTERED, DONE = "queued", "registered", "done"
+QUEUED, REGISTERING, REGISTERED, DONE = "queued", "registering", "registered", "done"
 _SLACK = 1.0
 _IO_TIMEOUT = 2.0
 _IDLE_EXIT = 30.0  # a mailbox thread with nothing to do for this long ends
@@ -104,6 +104,10 @@ class _Loop:
                     for r in [r for r in self.recvs.values() if r.state == REGISTERED and now >= r.deadline]:
                         rx.finish_locked(r, "final" if r.final_seen else "deadline", cleanup=r.final_seen)
                     new = [r for r in self.recvs.values() if r.state == QUEUED]
+                    for r in new:
+                        # From here on the registration may be stored: a give-up
+                        # must wait for what could land (see give_up).
+                        r.state = REGISTERING
                     posts, self.posts = self.posts, []
                     watch = [r for r in self.recvs.values() if r.state == REGISTERED]
                     if not new and not posts and not watch:
@@ -155,8 +159,9 @@ class _Loop:
             log.exception("kvproxy: decode mailbox thread for %s failed", self.addr)
             with w.lock:
                 for r in list(self.recvs.values()):
-                    if r.state == REGISTERED:
-                        r.deadline = min(r.deadline, time.monotonic() + rx.wait_after_submit())
+                    if r.state in (REGISTERING, REGISTERED):
+                        if r.deadline == float("inf"):
+                            r.deadline = time.monotonic() + rx.wait_after_register()
                         rx.orphans.append(r)
                     else:
                         rx.finish_locked(r, "internal")
@@ -172,6 +177,8 @@ class _Loop:
             bs.put("meta", r.key, meta)
         except BootstrapError as e:
             with w.lock:
+                if r.state != REGISTERING:
+                    return
                 if not e.maybe_done:
                     log.warning("kvproxy: request %s: cannot register with the prefill side: %s", r.rid, e)
                     rx.finish_locked(r, "unreachable")
@@ -183,8 +190,8 @@ class _Loop:
                 self.posts.append(("abort", r.key, {"v": PROTOCOL, "reason": f"registration failed: {e}"}))
             return
         with w.lock:
-            if r.state != QUEUED:
-                return
+            if r.state != REGISTERING:
+                return  # it ended meanwhile (all landed, or our kvproxyd went away)
             r.state = REGISTERED
             r.deadline = time.monotonic() + rx.wait_after_register()
             if r.give_up:
@@ -253,13 +260,15 @@ class Receiver:
             r.give_up = True
             lp = self.loops.get(r.addr)
             if r.state == QUEUED:
-                # Never stored: nothing can come; let the prefill side free its blocks.
+                # Not stored, and it will not be: nothing can come; let the
+                # prefill side free its blocks.
                 if lp is not None:
                     lp.recvs.pop(r.key, None)
                     lp.posts.append(("abort", r.key, {"v": PROTOCOL, "reason": "the decode request was aborted"}))
                 self.finish_locked(r, "aborted")
             elif r.state == REGISTERED and lp is not None:
                 lp.posts.append(("abort", r.key, {"v": PROTOCOL, "reason": "the decode request was aborted"}))
+            # REGISTERING: the mailbox thread posts the abort once its store returns.
         if lp is not None:
             lp.poll.wake()
 

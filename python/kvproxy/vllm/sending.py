@@ -103,10 +103,11 @@ class Sender:
         self._poll.wake()
 
     def _ensure_thread_locked(self) -> None:
-        if self._thread is not None:
+        if self._thread is not None and self._thread.is_alive():
             return
         assert self.addr is not None
-        self._poll = LongPoll(self.addr, _IO_TIMEOUT)
+        if self._poll is None:
+            self._poll = LongPoll(self.addr, _IO_TIMEOUT)
         self._thread = threading.Thread(target=self._run, name="kvproxy-vllm-send", daemon=True)
         self._thread.start()
 
