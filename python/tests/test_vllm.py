@@ -311,6 +311,8 @@ class FailureTest(unittest.TestCase):
         finally:
             dw.src_regions[3] = real
         self.assertEqual(pair.de.errors, set(dst), "every transfer carries plane 3")
+        self.assertEqual(pair.de.workers[0].worker.receiver.debug_state(d)["how"], "final")
+        self.assertEqual(pair.de.stats.data["fences"], 1)
         failed = pair.pe.stats.data["failed"]
         self.assertEqual(sum(v for k, v in failed.items() if k not in ("submit",)), 3, failed)
 
@@ -332,6 +334,9 @@ class FailureTest(unittest.TestCase):
                 secs = pair.run(lambda: d in pair.de.received and r in pair.pe.sent, 10.0, f"abort {when}")
                 self.assertEqual(pair.de.errors, set())
                 self.assertLess(secs, 5.0)
+                st = pair.de.workers[0].worker.receiver.debug_state(d)
+                self.assertTrue(st["give_up"])
+                log(f"abort {when} registration: ended '{st['how']}' after {secs * 1000:.0f} ms")
         self.assertFalse(pair.pe.sched.has_pending_push_work())
 
     def test_tp_mismatch_refused_per_request(self) -> None:
@@ -354,7 +359,17 @@ class FailureTest(unittest.TestCase):
     def test_prefill_killed_mid_transfer(self) -> None:
         """The prefill instance dies with transfers in flight: the decode side
         reports load errors for exactly the blocks of the transfers that did not
-        land, by its deadline, and every other block holds the prefill's bytes."""
+        land, within timeouts.peer_ms (it fences the request once the prefill's
+        mailbox is gone), and every other block holds the prefill's bytes."""
+        self._kill_prefill(fence=True)
+
+    def test_prefill_killed_no_fence(self) -> None:
+        """The same where kvproxyd sets no fence (fence table full): the request
+        ends at its deadline (registration + submit window + transfer deadline +
+        peer timeout + 1 s), the same blocks reported."""
+        self._kill_prefill(fence=False)
+
+    def _kill_prefill(self, fence: bool) -> None:
         window, xfer, peer = 2.0, 3.0, 1.0
         dkv = vh.HostKV(num_blocks=256)
         self.addCleanup(dkv.close)
@@ -362,6 +377,11 @@ class FailureTest(unittest.TestCase):
                        extra={"kvproxy_max_transfer_bytes": dkv.block_bytes, "kvproxy_submit_window_s": window,
                               "kvproxy_transfer_timeout_s": xfer, "kvproxy_peer_timeout_s": peer})
         self.addCleanup(de.close)
+        client = de.workers[0].worker.client
+        if not fence:
+            def no_fence(*_a: Any, **_k: Any) -> None:
+                raise kvproxy.KvproxyError(105, "fence", detail="fence table full (test)")
+            client.fence = no_fence
         nblk = 200
         src = list(range(1, nblk + 1))
         dst = list(range(255, 255 - nblk, -1))
@@ -378,6 +398,7 @@ class FailureTest(unittest.TestCase):
         self.assertTrue(line, f"the prefill child printed no kv_transfer_params (exit status {child.poll()})")
         params = json.loads(line)
         d = rid("dec")
+        t_reg = time.monotonic()
         de.decode(d, params, dst)
         rx = de.workers[0].worker.receiver
         vh.run_until([de], lambda: len((rx.debug_state(d) or {}).get("landed", ())) >= 1, 20.0, "first landing")
@@ -389,8 +410,18 @@ class FailureTest(unittest.TestCase):
         vh.run_until([de], lambda: d in de.received, 30.0, "decode side after the prefill died")
         waited = time.monotonic() - t_kill
         end = rx.debug_state(d)
-        log(f"decode reported {len(de.errors)} of {nblk} blocks as load errors {waited:.2f} s after the kill ({end['how']})")
-        self.assertLess(waited, window + xfer + peer + 1.0 + 1.5)
+        log(f"decode reported {len(de.errors)} of {nblk} blocks as load errors {waited:.2f} s after the kill "
+            f"({end['how']})")
+        if fence:
+            # The prefill's mailbox is gone with it: the decode side fences
+            # the request; the fence holds within the daemons' timeouts.peer_ms.
+            self.assertEqual(end["how"], "prefill-gone")
+            self.assertLess(waited, peer + 2.0)
+            self.assertEqual(de.stats.data["fences"], 1)
+        else:
+            self.assertEqual(end["how"], "deadline")
+            self.assertLess(time.monotonic() - t_reg, window + xfer + peer + 1.0 + 1.5)
+            self.assertGreaterEqual(time.monotonic() - t_reg, window + xfer + peer + 1.0 - 0.1)
         landed = set(end["landed"])
         self.assertTrue(0 < len(landed) < end["total"], f"not a partial transfer: {len(landed)} of {end['total']}")
         want_errors = {dst[n] for n in range(end["total"]) if n not in landed}  # per_xfer == 1

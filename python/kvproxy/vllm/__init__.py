@@ -44,8 +44,10 @@ fails, a peer kvproxyd that is not configured, a layout mismatch, a
 prefill instance that dies, all surface on the decode side as load errors
 for exactly the blocks of the transfers that did not land
 (``get_block_ids_with_load_errors``; vLLM recomputes or fails the request
-per its ``kv_load_failure_policy``), at the latest when the decode side's
-deadline passes (registration + submit window + transfer deadline +
+per its ``kv_load_failure_policy``). The decode side gives such a request
+up with kvproxyd's receiver-side fence (the fence's completion, within
+``timeouts.peer_ms``, says that nothing of it can land any more); without
+one, at its deadline (registration + submit window + transfer deadline +
 ``peer_timeout_s`` + 1 s; once the prefill side stored that everything is
 submitted, that time + transfer deadline + ``peer_timeout_s`` + 1 s). A
 decode instance that never registers cannot strand prefill blocks: the

@@ -11,10 +11,13 @@ interruptible: a worker thread waits on the reply and on a pipe at once, so
 a request that arrives while it waits (a new key to watch, a registration
 to store) is served at once instead of after the poll's ``wait_ms``. The
 other calls (PUT, DELETE) go through :class:`kvproxy._bootstrap.BootstrapClient`.
+A :class:`BootstrapError` it raises has ``refused`` set when nothing listens
+on the mailbox's port any more (the prefill scheduler is gone).
 """
 
 from __future__ import annotations
 
+import errno
 import http.client
 import json
 import os
@@ -104,7 +107,11 @@ class LongPoll:
                 # A kept-alive connection the server closed fails once: retry on a new one.
                 if attempt == 1 or not isinstance(e, (BrokenPipeError, ConnectionResetError,
                                                       http.client.RemoteDisconnected)):
-                    raise BootstrapError(f"mailbox {self.addr}: wait: {e}") from None
+                    err = BootstrapError(f"mailbox {self.addr}: wait: {e}")
+                    # Nothing listens on the port: the process that hosted the
+                    # mailbox (the prefill scheduler) is gone.
+                    err.refused = getattr(e, "errno", None) == errno.ECONNREFUSED  # type: ignore[attr-defined]
+                    raise err from None
         raise AssertionError("unreachable")
 
     def wait(self, keys: Dict[str, List[str]], wait_ms: int) -> Optional[Tuple[Dict[str, Dict[str, Any]], Dict[str, Dict[str, int]]]]:

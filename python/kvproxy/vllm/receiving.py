@@ -25,10 +25,26 @@ A request ends, and is reported received, when:
   after this nothing can land in the request's blocks any more: the blocks
   of every transfer that did not land are load errors.
 
-A request vLLM aborts while it waits is given up: an ``abort`` entry makes
-the prefill side stop (cancelling what is in flight); it is reported
-received by the same rules (without load errors: vLLM frees its blocks
-then, and nothing may land in them afterwards).
+Giving a request up before its deadline uses kvproxyd's receiver-side
+fence (:meth:`kvproxy.Client.fence` on the request's tag, ``(user_id &
+~0xffff) == tag << 16``): from the call on kvproxyd drops whatever of the
+request arrives, and its ``fence`` completion says that nothing of it can
+land any more (within ``timeouts.peer_ms``); the request is reported then.
+The fence holds until the request's deadline, past which the prefill side
+submits nothing. Requests are given up so:
+
+- vLLM aborts a waiting request: an ``abort`` entry makes the prefill side
+  stop (cancelling what is in flight), and the fence ends it (without load
+  errors: vLLM frees its blocks then);
+- the prefill side reports a failure: transfers that failed after bytes
+  left may still be landing (when the connection broke first), so the
+  fence ends it;
+- the prefill's mailbox refuses connections: the prefill instance is gone,
+  so nothing but its last bytes on the wire can come; the fence ends it,
+  with load errors for the blocks of the transfers that did not land.
+
+When a fence cannot be set (fence table full, kvproxyd refused), the
+request waits for its deadline instead.
 """
 
 from __future__ import annotations
@@ -41,6 +57,7 @@ import time
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 from .._bootstrap import BootstrapClient, BootstrapError
+from .._errors import KvproxyError
 from .layout import positions_to_blocks, transfer_count
 from .mailbox import LongPoll, mailbox_key
 from .scheduler import PROTOCOL
@@ -54,6 +71,7 @@ log = logging.getLogger("kvproxy.vllm")
 
 QUEUED, REGISTERING, REGISTERED, DONE = "queued", "registering", "registered", "done"
 _SLACK = 1.0
+_TAG_MASK = ((1 << 48) - 1) << 16  # the tag bits of a transfer id
 _IO_TIMEOUT = 2.0
 _IDLE_EXIT = 30.0  # a mailbox thread with nothing to do for this long ends
 _RECENT = 256
@@ -76,6 +94,9 @@ class _Recv:
         self.give_up = False
         self.seen_submitted = False
         self.final_seen = False
+        self.unwatched = False
+        self.fenced = False
+        self.fence_why = ""
         self.t0 = time.monotonic()
 
 
@@ -130,8 +151,8 @@ class _Loop:
                             log.warning("kvproxy: prefill mailbox %s: %s", self.addr, e)
                 with w.lock:
                     watch = [r for r in self.recvs.values() if r.state == REGISTERED]
-                    keys = [r.key for r in watch if not r.final_seen]
-                    keys += [r.key + "~s" for r in watch if not (r.seen_submitted or r.final_seen)]
+                    keys = [r.key for r in watch if not (r.final_seen or r.unwatched)]
+                    keys += [r.key + "~s" for r in watch if not (r.seen_submitted or r.final_seen or r.unwatched)]
                     nxt = min((r.deadline for r in watch), default=None)
                 if not keys:
                     self.poll.idle(1.0 if nxt is None else max(0.001, min(1.0, nxt - time.monotonic())))
@@ -141,7 +162,12 @@ class _Loop:
                 try:
                     res = self.poll.wait({"status": keys}, wait_ms)
                 except BootstrapError as e:
-                    # The prefill instance may be gone: the deadlines end its requests.
+                    if getattr(e, "refused", False):
+                        # The prefill instance is gone: fence its requests.
+                        with w.lock:
+                            for r in [r for r in self.recvs.values() if r.state == REGISTERED]:
+                                if not rx.fence_locked(r, "prefill-gone"):
+                                    r.unwatched = True  # no status will come: only the deadline ends it
                     if time.monotonic() - warned > 30:
                         warned = time.monotonic()
                         log.warning("kvproxy: prefill mailbox %s unreachable: %s", self.addr, e)
@@ -183,11 +209,12 @@ class _Loop:
                     log.warning("kvproxy: request %s: cannot register with the prefill side: %s", r.rid, e)
                     rx.finish_locked(r, "unreachable")
                     return
-                # The entry may have been stored: wait out the deadline, and ask
-                # the prefill side to drop it should it read it.
+                # The entry may have been stored: ask the prefill side to drop
+                # it should it read it, and fence what could come meanwhile.
                 r.state = REGISTERED
                 r.deadline = time.monotonic() + rx.wait_after_register()
                 self.posts.append(("abort", r.key, {"v": PROTOCOL, "reason": f"registration failed: {e}"}))
+                rx.fence_locked(r, "unreachable")
             return
         with w.lock:
             if r.state != REGISTERING:
@@ -196,6 +223,7 @@ class _Loop:
             r.deadline = time.monotonic() + rx.wait_after_register()
             if r.give_up:
                 self.posts.append(("abort", r.key, {"v": PROTOCOL, "reason": "the decode request was aborted"}))
+                rx.fence_locked(r, "aborted")
 
 
 class Receiver:
@@ -205,6 +233,7 @@ class Receiver:
         self.w = w
         self.recvs: Dict[str, _Recv] = {}
         self.by_tag: Dict[int, _Recv] = {}
+        self.by_fence: Dict[int, _Recv] = {}
         self.loops: Dict[str, _Loop] = {}
         self.orphans: List[_Recv] = []  # requests of a failed mailbox thread: only their deadline ends them
         # How the last requests ended (diagnostics, tests).
@@ -268,6 +297,7 @@ class Receiver:
                 self.finish_locked(r, "aborted")
             elif r.state == REGISTERED and lp is not None:
                 lp.posts.append(("abort", r.key, {"v": PROTOCOL, "reason": "the decode request was aborted"}))
+                self.fence_locked(r, "aborted")
             # REGISTERING: the mailbox thread posts the abort once its store returns.
         if lp is not None:
             lp.poll.wake()
@@ -312,8 +342,23 @@ class Receiver:
             if len(r.landed) == r.total:
                 self.finish_locked(r, "landed")
 
+    def on_fence(self, c: Any) -> None:
+        """A ``fence`` completion: nothing of that request can land any more."""
+        w = self.w
+        with w.lock:
+            r = self.by_fence.pop(c.user_id, None)
+            if r is None or r.state == DONE:
+                return
+            if c.ok:
+                self.finish_locked(r, r.fence_why)
+                return
+            w.stats.record_failed(f"fence-{c.status_name}")
+            log.warning("kvproxy: request %s: the fence did not hold (%s); waiting for its deadline", r.rid,
+                        c.status_name)
+
     def daemon_gone_locked(self, why: str) -> None:
         """kvproxyd went away: nothing more can land in our memory."""
+        self.by_fence.clear()
         for r in list(self.recvs.values()):
             self.finish_locked(r, "daemon-gone")
 
@@ -323,6 +368,24 @@ class Receiver:
             self.finish_locked(r, "deadline")
 
     # ---- w.lock held ----
+
+    def fence_locked(self, r: _Recv, why: str) -> bool:
+        """Fence ``r``'s transfers; it ends on the fence's completion. False if
+        no fence could be set (then only its deadline or the prefill's
+        answer ends it)."""
+        if r.fenced:
+            return True
+        now = time.monotonic()
+        end = r.deadline if r.deadline != float("inf") else now + self.wait_after_register()
+        try:
+            self.w.client.fence(r.tag << 16, _TAG_MASK, r.tag, hold=min(3600.0, max(1.0, end - now + _SLACK)))
+        except KvproxyError as e:
+            log.warning("kvproxy: request %s: cannot fence (%s); waiting for its deadline", r.rid, e)
+            return False
+        r.fenced, r.fence_why = True, why
+        self.by_fence[r.tag] = r
+        self.w.stats.count("fences")
+        return True
 
     def on_status_locked(self, lp: _Loop, key: str, st: Any, stored_at: float) -> None:
         if not isinstance(st, dict):
@@ -349,10 +412,12 @@ class Receiver:
         if len(r.landed) < r.total and (failed or submitted):
             # Some transfer failed after bytes may have left: kvproxyd ends a
             # failed transfer only once nothing more of it can land, unless
-            # the connection broke first; then our kvproxyd still writes what
-            # it had received until it sees the break. Allow it peer_timeout_s.
+            # the connection broke first; then our kvproxyd may still write
+            # what it had received until it sees the break. The fence says
+            # when nothing can land; without one, allow peer_timeout_s.
             r.final_seen = True
-            r.deadline = min(r.deadline, time.monotonic() + self.w.cfg.peer_timeout_s)
+            if not self.fence_locked(r, "final"):
+                r.deadline = min(r.deadline, time.monotonic() + self.w.cfg.peer_timeout_s)
             return
         self.finish_locked(r, "final", cleanup=True)
 
@@ -363,6 +428,7 @@ class Receiver:
         w = self.w
         self.recvs.pop(r.rid, None)
         self.by_tag.pop(r.tag, None)
+        self.by_fence.pop(r.tag, None)
         lp = self.loops.get(r.addr)
         if lp is not None:
             lp.recvs.pop(r.key, None)
@@ -371,7 +437,7 @@ class Receiver:
                 lp.posts.append(("", r.key + "~s", None))
         if not r.give_up:
             missing = [n for n in range(r.total) if n not in r.landed]
-            if how in ("unreachable", "layout", "daemon-gone", "internal", "aborted"):
+            if how in ("unreachable", "layout", "daemon-gone", "internal"):
                 missing = list(range(r.total))
             bad: List[int] = []
             for n in missing:

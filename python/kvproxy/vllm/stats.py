@@ -20,7 +20,7 @@ __all__ = ["KvproxyConnectorStats", "KvproxyPromMetrics", "new_data"]
 # Transfer times kept per interval (the rest are counted, not timed).
 _MAX_SAMPLES = 4096
 _COUNTERS = ("transfers", "bytes", "landed", "landed_bytes", "load_error_blocks", "requests_sent",
-             "requests_received", "lease_expired")
+             "requests_received", "lease_expired", "fences")
 
 
 def new_data() -> Dict[str, Any]:
@@ -41,7 +41,7 @@ class KvproxyConnectorStats(KVConnectorStats):
     landed on the decode side; ``load_error_blocks``: blocks reported to vLLM
     as failed loads; ``requests_sent``/``requests_received``: requests
     finished on each side; ``lease_expired``: prefill requests released by
-    the lease.
+    the lease; ``fences``: decode requests given up through a kvproxyd fence.
     """
 
     def __init__(self, data: Dict[str, Any] | None = None) -> None:
@@ -135,6 +135,7 @@ class KvproxyPromMetrics(KVConnectorPromMetrics):
             "landed_bytes": "payload bytes that landed (decode side)",
             "load_error_blocks": "KV blocks reported to vLLM as failed loads (decode side)",
             "lease_expired": "prefill requests whose blocks the lease released",
+            "fences": "decode requests given up through a kvproxyd fence",
         }
         for k, doc in docs.items():
             c = counter_cls(name=f"vllm:kvproxy_{k}", documentation=doc, labelnames=self._labelnames)

@@ -170,6 +170,8 @@ class WorkerSide:
                     self.sender.on_done(c)
                 elif c.kind == "landed":
                     self.receiver.on_landed(c)
+                elif c.kind == "fence":
+                    self.receiver.on_fence(c)
 
     def _daemon_gone(self, why: str) -> None:
         log.error("kvproxy: %s; its requests fail", why)
