@@ -73,6 +73,8 @@ QUEUED, REGISTERING, REGISTERED, DONE = "queued", "registering", "registered", "
 _SLACK = 1.0
 _TAG_MASK = ((1 << 48) - 1) << 16  # the tag bits of a transfer id
 _IO_TIMEOUT = 2.0
+# Long polls end this soon, so an interrupted one's connection is soon reused.
+_WAIT_MS = 250
 _IDLE_EXIT = 30.0  # a mailbox thread with nothing to do for this long ends
 _RECENT = 256
 
@@ -158,7 +160,7 @@ class _Loop:
                     self.poll.idle(1.0 if nxt is None else max(0.001, min(1.0, nxt - time.monotonic())))
                     continue
                 now = time.monotonic()
-                wait_ms = max(1, min(1000, int((nxt - now) * 1000) + 1))
+                wait_ms = max(1, min(_WAIT_MS, int((nxt - now) * 1000) + 1))
                 try:
                     res = self.poll.wait({"status": keys}, wait_ms)
                 except BootstrapError as e:

@@ -45,6 +45,8 @@ WAITING, SENDING, CLOSING, DONE = "waiting", "sending", "closing", "done"
 _TAG_MAX = 1 << 48
 _XFERS_MAX = 1 << 16
 _IO_TIMEOUT = 2.0
+# Long polls end this soon, so an interrupted one's connection is soon reused.
+_WAIT_MS = 250
 
 
 class _Send:
@@ -208,7 +210,7 @@ class Sender:
                 if not abort_keys:
                     poll.idle(1.0)
                     continue
-                wait_ms = 1000 if nxt is None else max(1, min(1000, int((nxt - now) * 1000) + 1))
+                wait_ms = _WAIT_MS if nxt is None else max(1, min(_WAIT_MS, int((nxt - now) * 1000) + 1))
                 try:
                     res = poll.wait({"meta": meta_keys, "abort": abort_keys}, wait_ms)
                 except BootstrapError as e:
