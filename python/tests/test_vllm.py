@@ -19,7 +19,6 @@ temp dir. Exit status: 0 pass, 1 fail, 77 skip (with the reason).
 
 from __future__ import annotations
 
-import inspect
 import json
 import os
 import random

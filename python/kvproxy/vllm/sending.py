@@ -270,8 +270,9 @@ class Sender:
 
     def _validate(self, s: _Send, meta: Any) -> Tuple[Optional[str], str]:
         w = self.w
-        if not isinstance(meta, dict) or meta.get("v") != PROTOCOL:
-            return "protocol", f"registration of protocol {getattr(meta, 'get', lambda k: None)('v')!r}, expected {PROTOCOL}"
+        v = meta.get("v") if isinstance(meta, dict) else None
+        if v != PROTOCOL:
+            return "protocol", f"registration of protocol {v!r}, expected {PROTOCOL}"
         if meta.get("rank") != w.tp_rank or meta.get("tp") != w.tp_size:
             return "layout", (f"decode rank {meta.get('rank')}/{meta.get('tp')} registered for prefill rank "
                               f"{w.tp_rank}/{w.tp_size}")
