@@ -84,7 +84,7 @@ class GpuKV:
     """vLLM's FlashAttention KV cache on the GPU: one tensor per layer."""
 
     def __init__(self, layers: int, blocks: int) -> None:
-        self.blocks = blocks
+        self.blocks = self.num_blocks = blocks
         self.tensors = {f"model.layers.{i}.self_attn.attn":
                         torch.zeros((2, blocks, BS, HEADS, DIM), dtype=torch.bfloat16, device="cuda")
                         for i in range(layers)}
@@ -121,11 +121,12 @@ def check_host(pkv: vh.HostKV, dkv: vh.HostKV, src: Sequence[int], dst: Sequence
                 raise AssertionError(f"{what}: plane {p} block {s} -> {d} differs")
 
 
-def engines(psock: str, dsock: str, pkv: Any, dkv: Any, blocks: int) -> Tuple[vh.Engine, vh.Engine]:
+def engines(psock: str, dsock: str, pkv: Any, dkv: Any) -> Tuple[vh.Engine, vh.Engine]:
+    """A prefill and a decode instance over the two caches (each with its own block count)."""
     extra = {"kvproxy_max_inflight": INFLIGHT, "kvproxy_transfer_timeout_s": XFER_TIMEOUT}
-    pe = vh.Engine("kv_both", [psock], [pkv.tensors], blocks, BS, extra)
+    pe = vh.Engine("kv_both", [psock], [pkv.tensors], pkv.num_blocks, BS, extra)
     try:
-        de = vh.Engine("kv_both", [dsock], [dkv.tensors], blocks, BS, extra)
+        de = vh.Engine("kv_both", [dsock], [dkv.tensors], dkv.num_blocks, BS, extra)
     except BaseException:
         pe.close()
         raise
@@ -193,25 +194,35 @@ def main() -> int:
     results: Dict[str, Dict[str, Any]] = {}
     rc = 1
     try:
-        if not HOST_ONLY:
-            # 1. Correctness on GPU tensors, scattered blocks.
+        # 1. Correctness: scattered blocks, caches of different sizes.
+        if HOST_ONLY:
+            pkv, dkv = vh.HostKV(8, 256, BS, HEADS, DIM), vh.HostKV(8, 320, BS, HEADS, DIM)
+        else:
             pkv, dkv = GpuKV(8, 256), GpuKV(8, 320)
-            pe, de = engines(prefill.sock, decode.sock, pkv, dkv, 256)
-            try:
+        pe, de = engines(prefill.sock, decode.sock, pkv, dkv)
+        try:
+            rnd = random.Random(5)
+            src = rnd.sample(range(1, 256), 90)
+            dst = rnd.sample(range(1, 320), 90)
+            if HOST_ONLY:
+                pkv.fill(src, 5)
+            else:
                 pkv.fill_random(5)
-                rnd = random.Random(5)
-                src = rnd.sample(range(1, 256), 90)
-                dst = rnd.sample(range(1, 320), 90)
-                one_request(pe, de, src, dst)
+            one_request(pe, de, src, dst)
+            if HOST_ONLY:
+                check_host(pkv, dkv, src, dst, "scattered blocks")
+                print(f"FlashAttention-layout KV in host memory: 8 layers x {len(src)} scattered blocks moved "
+                      "by kvproxy.vllm, verified byte by byte")
+            else:
                 check_gpu(pkv, dkv, src, dst, "scattered blocks")
                 print(f"FlashAttention KV on GPU: 8 layers x {len(src)} scattered blocks of 2 x {PAGE} B moved by "
                       "kvproxy.vllm, verified with torch.equal; untouched blocks stay zero")
-            finally:
-                pe.close()
-                de.close()
-                pkv.close()
-                dkv.close()
-                wait_regions_released((prefill, decode))
+        finally:
+            pe.close()
+            de.close()
+            pkv.close()
+            dkv.close()
+            wait_regions_released((prefill, decode))
 
         # 2. 1 GiB rates, the connector beside C.
         cases = ["contiguous", "shuffled"]
@@ -220,7 +231,7 @@ def main() -> int:
                 pkv, dkv = (vh.HostKV(LAYERS, BLOCKS, BS, HEADS, DIM) for _ in range(2))
             else:
                 pkv, dkv = GpuKV(LAYERS, BLOCKS), GpuKV(LAYERS, BLOCKS)
-            pe, de = engines(prefill.sock, decode.sock, pkv, dkv, BLOCKS)
+            pe, de = engines(prefill.sock, decode.sock, pkv, dkv)
             rates = []
             try:
                 src = list(range(BLOCKS))
