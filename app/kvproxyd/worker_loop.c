@@ -13,7 +13,7 @@
 #include "kvp_core.h"
 #include "kvproxyd.h"
 
-/* While transfers are in flight, wake at least this often to check deadlines. */
+/* While transfers are in flight (or fences pending), wake at least this often to check. */
 #define SLEEP_BUSY_MS 1
 #define SLEEP_IDLE_MS 100
 
@@ -28,7 +28,8 @@ worker_sleep(struct kvp_worker *w)
 	};
 	/* Heartbeats are due every peer_ms / 4: wake often enough to send them. */
 	int idle = (int)(w->cfg->peer_timeout_ms / 8);
-	int timeout = w->nfree < w->nxfers ? SLEEP_BUSY_MS : idle < SLEEP_IDLE_MS ? idle : SLEEP_IDLE_MS;
+	bool busy = w->nfree < w->nxfers || w->fences_pending;
+	int timeout = busy ? SLEEP_BUSY_MS : idle < SLEEP_IDLE_MS ? idle : SLEEP_IDLE_MS;
 
 	poll(pfd, 2, timeout);
 	kvp_worker_finish_sleep(w);

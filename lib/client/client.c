@@ -575,6 +575,44 @@ kvp_submit(struct kvp_client *c, const struct kvp_xfer_desc *x, const struct kvp
 }
 
 int
+kvp_submit2d(struct kvp_client *c, const struct kvp_xfer_desc *x,
+	     const struct kvp_segment2d *segs, uint32_t nseg)
+{
+	if (c == NULL || x == NULL || segs == NULL || nseg == 0 || nseg > c->max_segs)
+		return -EINVAL;
+
+	struct kvp_sqe_xfer *h = (struct kvp_sqe_xfer *)&c->scratch[0];
+
+	memset(h, 0, sizeof(*h));
+	h->op = KVP_OP_XFER;
+	h->peer = x->peer;
+	h->nseg = nseg;
+	h->user_id = x->user_id;
+	h->timeout_ns = x->timeout_ns;
+	h->submit_ns = now_ns();
+	for (uint32_t i = 0; i < nseg; i++) {
+		struct kvp_sqe_seg2d *s = (struct kvp_sqe_seg2d *)&c->scratch[1 + i];
+		const struct kvp_segment2d *g = &segs[i];
+
+		if (g->count == 0 || g->count > UINT32_MAX)
+			return -EINVAL;
+		memset(s, 0, sizeof(*s));
+		s->op = g->count > 1 ? KVP_OP_SEG2D : KVP_OP_SEG;
+		s->src_key = g->src_key;
+		s->src_off = g->src_off;
+		s->dst_key = g->dst_key;
+		s->dst_off = g->dst_off;
+		s->len = g->len;
+		if (g->count > 1) {
+			s->count = (uint32_t)g->count;
+			s->src_stride = g->src_stride;
+			s->dst_stride = g->dst_stride;
+		}
+	}
+	return sq_publish(c, c->scratch, 1 + nseg);
+}
+
+int
 kvp_cancel(struct kvp_client *c, uint64_t user_id)
 {
 	struct kvp_sqe_xfer h;
@@ -584,6 +622,23 @@ kvp_cancel(struct kvp_client *c, uint64_t user_id)
 	h.user_id = user_id;
 	h.submit_ns = now_ns();
 	return sq_publish(c, &h, 1);
+}
+
+int
+kvp_fence(struct kvp_client *c, uint64_t value, uint64_t mask, uint32_t hold_ms,
+	  uint64_t fence_id)
+{
+	struct kvp_sqe_fence f;
+
+	if (c == NULL || mask == 0)
+		return -EINVAL;
+	memset(&f, 0, sizeof(f));
+	f.op = KVP_OP_FENCE;
+	f.hold_ms = hold_ms;
+	f.fence_id = fence_id;
+	f.value = value & mask;
+	f.mask = mask;
+	return sq_publish(c, &f, 1);
 }
 
 int

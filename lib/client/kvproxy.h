@@ -35,6 +35,24 @@ struct kvp_segment {
 	uint64_t len;
 };
 
+/**
+ * One segment of kvp_submit2d(): @p count blocks of @p len bytes, block i
+ * from src_off + i * src_stride of src_key to dst_off + i * dst_stride of
+ * dst_key (a 2-D copy, e.g. the heads of every token of a page). count 1
+ * is a contiguous segment (the strides are then ignored). Strides are at
+ * least @p len; count at most the daemon's limits.max_blocks.
+ */
+struct kvp_segment2d {
+	uint64_t src_key;
+	uint64_t src_off;
+	uint64_t dst_key;
+	uint64_t dst_off;
+	uint64_t len;
+	uint64_t count;
+	uint64_t src_stride;
+	uint64_t dst_stride;
+};
+
 /** Transfer header for kvp_submit(). */
 struct kvp_xfer_desc {
 	uint64_t user_id;    /**< echoed in the completion; unique among in-flight transfers */
@@ -130,8 +148,42 @@ int kvp_peer_lookup(struct kvp_client *c, const char *node_id, uint16_t *peer);
 int kvp_submit(struct kvp_client *c, const struct kvp_xfer_desc *x,
 	       const struct kvp_segment *segs, uint32_t nseg);
 
+/**
+ * Submit one transfer of contiguous and strided segments (one descriptor
+ * each, however many blocks: kvproxyd walks the blocks). The daemon checks
+ * every block's bounds; a bad one fails the transfer with KVP_EINVAL, the
+ * completion's detail (kvp_invalid_str()) and bad_seg saying what and where.
+ *
+ * @return 0; -EAGAIN (ring full); -EINVAL (nseg 0 or above
+ *   kvp_max_segments(), a count of 0 or above 2^32 - 1, NULL pointers);
+ *   -EPROTO if the channel is corrupt
+ */
+int kvp_submit2d(struct kvp_client *c, const struct kvp_xfer_desc *x,
+		 const struct kvp_segment2d *segs, uint32_t nseg);
+
 /** Ask the daemon to cancel an in-flight transfer; its completion follows. */
 int kvp_cancel(struct kvp_client *c, uint64_t user_id);
+
+/**
+ * Fence the transfers landing in this client's regions whose user_id
+ * matches: (user_id & mask) == (value & mask), from any peer. From the call
+ * on, kvproxyd drops (and counts) their bytes instead of writing them,
+ * refuses RDMA grants for them and revokes grants already given; the
+ * senders' transfers fail with KVP_EREMOTE. A KVP_CQE_FENCE completion with
+ * user_id == @p fence_id follows once nothing of a matching transfer can
+ * land any more: at once, or when receives and RDMA writes already under way
+ * have ended (bounded by the daemon's timeouts.peer_ms, after which it tears
+ * down what it must). Its status is KVP_OK; KVP_ENOBUFS if the daemon's
+ * fence table (limits.max_fences) was full, then nothing was fenced;
+ * KVP_ETIMEDOUT if it could not be made to hold. The fence keeps refusing
+ * matching transfers for @p hold_ms after the call (0: the daemon's
+ * timeouts.fence_hold_ms), or until this client disconnects.
+ *
+ * @return 0; -EINVAL (NULL client or mask 0); -EAGAIN (submission ring
+ *   full: reap completions and retry); -EPROTO if the channel is corrupt
+ */
+int kvp_fence(struct kvp_client *c, uint64_t value, uint64_t mask, uint32_t hold_ms,
+	      uint64_t fence_id);
 
 /**
  * Reap up to @p max completions without blocking.

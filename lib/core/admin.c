@@ -77,6 +77,14 @@ admin_gather(const struct kvp_node *n, struct totals *t)
 		t->stage_waits += KVP_STAT_READ(s->stage_waits);
 		t->drain_refused += KVP_STAT_READ(s->drain_refused);
 		t->deadline_misses += KVP_STAT_READ(s->deadline_misses);
+		t->fences += KVP_STAT_READ(s->fences);
+		t->fences_forced += KVP_STAT_READ(s->fences_forced);
+		t->fences_refused += KVP_STAT_READ(s->fences_refused);
+		t->fenced_xfers += KVP_STAT_READ(s->fenced_xfers);
+		t->fenced_bytes += KVP_STAT_READ(s->fenced_bytes);
+		if (KVP_STAT_READ(s->fence_ns_max) > t->fence_ns_max)
+			t->fence_ns_max = KVP_STAT_READ(s->fence_ns_max);
+		t->fences_held += __atomic_load_n(&n->workers[w].nfences, __ATOMIC_RELAXED);
 		t->inflight += n->workers[w].nxfers -
 			       __atomic_load_n(&n->workers[w].nfree, __ATOMIC_RELAXED);
 	}
@@ -278,6 +286,11 @@ m_stats(struct kvp_node *n, json_t *params, struct rpc_err *e)
 				  "high_water", (json_int_t)t.stage_hwm, "waits",
 				  (json_int_t)t.stage_waits, "host", n->cfg.stage_host,
 				  "registered_buffers", (json_int_t)t.fixed_bufs);
+	json_t *fences = json_pack("{s:I, s:i, s:I, s:I, s:I, s:I, s:f}", "set",
+				   (json_int_t)t.fences, "held", (int)t.fences_held, "forced",
+				   (json_int_t)t.fences_forced, "refused", (json_int_t)t.fences_refused,
+				   "fenced_xfers", (json_int_t)t.fenced_xfers, "fenced_bytes",
+				   (json_int_t)t.fenced_bytes, "max_ms", (double)t.fence_ns_max / 1e6);
 	const struct kvp_admin_stats *as = &n->admin_stats;
 	json_t *refused = json_pack("{s:I, s:I}", "credentials",
 				    (json_int_t)n->clients_refused_cred, "limit",
@@ -286,12 +299,13 @@ m_stats(struct kvp_node *n, json_t *params, struct rpc_err *e)
 				  (int)kvp_admin_open(n), "accepted", (json_int_t)as->accepted,
 				  "refused", (json_int_t)as->refused, "slow", (json_int_t)as->slow,
 				  "idle", (json_int_t)as->idle, "too_long", (json_int_t)as->too_long);
-	return json_pack("{s:s, s:f, s:s, s:o, s:o, s:o, s:o, s:o, s:o, s:i, s:o, s:o, s:o, s:o}",
+	return json_pack("{s:s, s:f, s:s, s:o, s:o, s:o, s:o, s:o, s:o, s:i, s:o, s:o, s:o, s:o, "
+			 "s:o}",
 			 "node_id", n->cfg.node_id, "uptime_s", admin_uptime_s(n), "transport",
 			 n->tops->name, "totals", totals, "completions", comp, "staging", stage,
 			 "peers", peers, "clients", clients_json(n), "workers", workers, "regions",
 			 (int)n->regions.used, "latency", latency_json(n), "clients_refused", refused,
-			 "admin", admin, "rdma", admin_rdma_json(n));
+			 "admin", admin, "rdma", admin_rdma_json(n), "fences", fences);
 }
 
 static json_t *

@@ -41,6 +41,14 @@ struct totals {
 	uint64_t drain_refused;
 	uint64_t deadline_misses;
 	uint32_t inflight;
+	/* Fences (kvp_fence) of the clients here. */
+	uint64_t fences;
+	uint64_t fences_forced;
+	uint64_t fences_refused;
+	uint64_t fenced_xfers;
+	uint64_t fenced_bytes;
+	uint64_t fence_ns_max;
+	uint32_t fences_held; /* set and not yet expired */
 };
 
 /** Record a JSON-RPC error for a method; @return NULL (the method's result). */

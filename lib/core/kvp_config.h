@@ -56,6 +56,8 @@ struct kvp_config {
 	uint32_t max_regions;
 	uint32_t max_inflight;
 	uint32_t max_segments;
+	uint32_t max_blocks; /**< blocks in one strided segment */
+	uint32_t max_fences; /**< fences held at once (per worker) */
 	uint32_t sq_entries;
 	uint32_t cq_entries;
 
@@ -66,6 +68,7 @@ struct kvp_config {
 	uint32_t admission_timeout_ms;
 	uint32_t admin_timeout_ms; /**< an admin request line or reply must finish within this */
 	uint32_t admin_idle_ms;	   /**< an admin connection with nothing to do is closed after this */
+	uint32_t fence_hold_ms;	   /**< a fence refuses matching transfers this long by default */
 
 	bool busy_poll;
 	uint32_t idle_us;

@@ -124,6 +124,17 @@ struct kvp_memops {
 	int (*sync)(void);
 	/** Copy @p len bytes of @p src to [off, off+len) of @p r. @return 0 or negative errno */
 	int (*from_host)(const struct kvp_region *r, uint64_t off, const void *src, size_t len);
+	/**
+	 * 2-D copies (optional; kvp_copy_to_host()/kvp_copy_from_host() loop
+	 * over rows without them): @p rows rows of @p width bytes, @p pitch
+	 * bytes apart in the region, packed in host memory. The async one
+	 * follows to_host_async's rules.
+	 * @return 0 or negative errno
+	 */
+	int (*to_host_2d_async)(void *dst, const struct kvp_region *r, uint64_t off, uint64_t pitch,
+				size_t width, size_t rows);
+	int (*from_host_2d)(const struct kvp_region *r, uint64_t off, uint64_t pitch, const void *src,
+			    size_t width, size_t rows);
 	/** Called once for the whole staging pool at start (e.g. to pin it for DMA). */
 	int (*register_pool)(void *base, size_t len);
 	/**
@@ -154,6 +165,19 @@ extern char kvp_gpu_unavailable[160];
 
 /** The memops in force (host memcpy by default). */
 extern const struct kvp_memops *kvp_memops;
+
+/**
+ * Copy @p rows rows of @p width bytes, @p pitch apart from @p off of @p r,
+ * packed into @p dst (a staging buffer): asynchronously where the memops
+ * can (then *@p async is set and the copy is valid after kvp_memops->sync()).
+ * @return 0 or negative errno
+ */
+int kvp_copy_to_host(void *dst, const struct kvp_region *r, uint64_t off, uint64_t pitch,
+		     uint64_t width, uint64_t rows, bool *async);
+
+/** The reverse: packed @p src to @p rows rows, @p pitch apart. @return 0 or negative errno */
+int kvp_copy_from_host(const struct kvp_region *r, uint64_t off, uint64_t pitch, const void *src,
+		       uint64_t width, uint64_t rows);
 
 struct kvp_region_table {
 	uint32_t size;
@@ -235,20 +259,37 @@ struct kvp_worker;
 struct rte_ring;
 struct rte_mempool;
 
-/** A validated segment; src holds a region reference until the transfer ends. */
+/**
+ * A validated segment: @p count blocks of @p len bytes, block i at
+ * src_off + i * src_stride and dst_off + i * dst_stride (count 1: one
+ * contiguous range, strides equal to len). A strided segment whose blocks
+ * touch on both sides is stored as one contiguous block. src holds a region
+ * reference until the transfer ends.
+ */
 struct kvp_seg {
 	struct kvp_region *src;
 	uint64_t src_off;
 	uint64_t dst_key;
 	uint64_t dst_off;
 	uint64_t len;
+	uint64_t count;
+	uint64_t src_stride;
+	uint64_t dst_stride;
 };
+
+/** Payload bytes of a segment. */
+static inline uint64_t
+kvp_seg_bytes(const struct kvp_seg *s)
+{
+	return s->len * s->count;
+}
 
 /** Segments @p a then @p b can move as one: same regions, both ranges contiguous. */
 static inline bool
 kvp_seg_contiguous(const struct kvp_seg *a, const struct kvp_seg *b)
 {
-	return a->src == b->src && a->src_off + a->len == b->src_off && a->dst_key == b->dst_key &&
+	return a->count == 1 && b->count == 1 && a->src == b->src &&
+	       a->src_off + a->len == b->src_off && a->dst_key == b->dst_key &&
 	       a->dst_off + a->len == b->dst_off;
 }
 
@@ -342,6 +383,8 @@ struct kvp_xfer {
 	uint8_t state;
 	uint16_t peer;
 	int status; /**< first failure seen, KVP_OK otherwise */
+	uint16_t detail;  /**< KVP_EINVAL: enum kvp_invalid */
+	uint32_t bad_seg; /**< KVP_EINVAL: the segment at fault */
 	struct kvp_chan *chan; /**< NULL once the client has gone */
 	uint32_t client;       /**< submitting client's id (kept when chan goes) */
 	uint64_t user_id;
@@ -351,10 +394,11 @@ struct kvp_xfer {
 	uint64_t deadline_ns;
 	uint64_t ts[KVP_TS_MAX];
 	struct kvp_xfer *next; /**< backlog / transport queue link */
-	/* Transport-private progress. */
+	/* Transport-private progress; the planner's cursor is (t_seg, t_blk, t_off). */
 	uint32_t t_seg;
 	uint32_t t_frames; /**< frames of this transfer not yet on the wire */
-	uint64_t t_off;
+	uint64_t t_blk;	   /**< block of segment t_seg */
+	uint64_t t_off;	   /**< byte in that block */
 	uint8_t t_state;
 	uint16_t t_conn; /**< the connection that carries it */
 	bool t_acked;	 /**< the receiver acknowledged its last frame */
@@ -364,6 +408,73 @@ static inline uint64_t
 kvp_xfer_tag(const struct kvp_xfer *x)
 {
 	return ((uint64_t)x->gen << 32) | x->idx;
+}
+
+/* ---- the planner: how a transfer is cut into wire operations ---- */
+
+/**
+ * One piece of a transfer for one wire operation: @p nblk blocks of @p len
+ * bytes, block i at src_off + i * src_stride of seg->src and dst_off + i *
+ * dst_stride of seg->dst_key. nblk 1: one contiguous range of len bytes
+ * (possibly several coalesced contiguous segments).
+ */
+struct kvp_piece {
+	const struct kvp_seg *seg; /**< the (first) segment it comes from */
+	uint64_t src_off;
+	uint64_t dst_off;
+	uint64_t len;
+	uint64_t nblk;
+	uint64_t src_stride;
+	uint64_t dst_stride;
+};
+
+/** kvp_plan_next() flag: only pieces whose destination is one contiguous range. */
+#define KVP_PLAN_DST_CONTIG 0x1u
+
+/**
+ * Cut the next piece of @p x, at most @p limit bytes, and advance its
+ * cursor (t_seg, t_blk, t_off). A contiguous range is cut at @p limit; a
+ * whole segment absorbs the contiguous segments that follow it while they
+ * fit. Blocks of a strided segment that are smaller than @p limit go
+ * together, at most @p max_blocks of them (and, with KVP_PLAN_DST_CONTIG,
+ * only where the destination blocks touch); larger blocks are cut like
+ * contiguous ranges.
+ *
+ * @return false when nothing is left to cut
+ */
+bool kvp_plan_next(struct kvp_xfer *x, uint64_t limit, uint64_t max_blocks, unsigned flags,
+		   struct kvp_piece *p);
+
+/** Payload bytes of @p x the planner has not cut yet. */
+uint64_t kvp_plan_left(const struct kvp_xfer *x);
+
+/* ---- fences: landings a client refused ---- */
+
+enum kvp_fence_state {
+	KVP_FENCE_FREE = 0,
+	KVP_FENCE_PENDING, /**< a transport may still land matching bytes */
+	KVP_FENCE_HOLD,	   /**< nothing can land; completion delivered (or owed), still refusing */
+};
+
+/** A fence a client set on the transfers landing in its regions (worker-owned). */
+struct kvp_fence {
+	uint8_t state;	 /**< enum kvp_fence_state */
+	bool owed;	 /**< its completion waits for room in the CQ */
+	bool forced;	 /**< timeouts.peer_ms passed: the transports were told to force it */
+	uint8_t status;	 /**< of its completion: KVP_OK, or KVP_ETIMEDOUT if it could not hold */
+	uint32_t owner;	 /**< the fencing client */
+	uint64_t value;	 /**< user_id & mask == value */
+	uint64_t mask;
+	uint64_t id;	       /**< the client's fence_id, echoed in the completion */
+	uint64_t started_ns;
+	uint64_t expires_ns;   /**< forgotten after */
+	uint64_t dropped;      /**< bytes refused */
+};
+
+static inline bool
+kvp_fence_match(const struct kvp_fence *f, uint32_t owner, uint64_t user_id)
+{
+	return f->state != KVP_FENCE_FREE && f->owner == owner && (user_id & f->mask) == f->value;
 }
 
 /** A connected client as its worker sees it. */
@@ -418,6 +529,14 @@ struct kvp_transport_ops {
 	int (*sleep_fd)(void *tctx);
 	/** Close every connection to @p peer (main lcore asked). */
 	void (*disconnect)(void *tctx, uint16_t peer);
+	/**
+	 * Fence @p f was set (and is asked again each timer tick while
+	 * pending): from now on refuse its transfers' bytes, and stop or
+	 * revoke what is under way. With @p force (timeouts.peer_ms passed),
+	 * make landing impossible at any cost (e.g. tear down queue pairs).
+	 * @return landings of matching transfers that may still happen (0: none)
+	 */
+	uint32_t (*fence)(void *tctx, const struct kvp_fence *f, bool force);
 };
 
 /** Messages between the main lcore and a worker (rte_ring of pointers). */
@@ -473,6 +592,9 @@ struct kvp_worker {
 	uint64_t next_timer_ns;
 	volatile bool quit;
 	bool draining; /**< set by the main lcore: refuse new submissions (relaxed) */
+	struct kvp_fence *fences; /**< cfg->max_fences slots */
+	uint32_t nfences;	  /**< slots in use */
+	uint32_t fences_pending;  /**< of them, not yet known to hold */
 	struct kvp_worker_stats stats;
 	struct kvp_hist *hist; /**< [peer * KVP_HP_MAX + phase], one row per configured peer */
 	struct kvp_slowest slowest;
@@ -524,6 +646,23 @@ kvp_worker_xfer_of(struct kvp_worker *w, uint64_t tag)
 	if (x->state != KVP_XS_ACTIVE || kvp_xfer_tag(x) != tag)
 		return NULL;
 	return x;
+}
+
+/** Slow path of kvp_worker_fenced(). */
+bool kvp_worker_fence_drop(struct kvp_worker *w, uint32_t owner, uint64_t user_id,
+			   uint64_t bytes, unsigned xfers);
+
+/**
+ * Transport check before landing bytes of transfer @p user_id in a region of
+ * client @p owner: true if a fence refuses them; they are then counted as
+ * dropped (@p bytes, and @p xfers transfers: 1 the first time a transfer is
+ * refused). Costs a load when no fence is set.
+ */
+static inline bool
+kvp_worker_fenced(struct kvp_worker *w, uint32_t owner, uint64_t user_id, uint64_t bytes,
+		  unsigned xfers)
+{
+	return w->nfences && kvp_worker_fence_drop(w, owner, user_id, bytes, xfers);
 }
 
 /** Transport callback: a transfer has ended (acked or failed). */

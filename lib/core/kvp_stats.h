@@ -58,6 +58,12 @@ struct kvp_worker_stats {
 	uint64_t admin_cancels;
 	uint64_t drain_refused;	  /**< submissions refused with "shutdown" while draining */
 	uint64_t deadline_misses; /**< transfers that ended after their deadline */
+	uint64_t fences;	  /**< fences set */
+	uint64_t fences_forced;	  /**< fences that had to tear down queue pairs after timeouts.peer_ms */
+	uint64_t fences_refused;  /**< fences refused: the table was full */
+	uint64_t fenced_xfers;	  /**< incoming transfers (or parts) a fence refused */
+	uint64_t fenced_bytes;	  /**< bytes of them */
+	uint64_t fence_ns_max;	  /**< longest time from a fence to nothing more landing */
 	uint64_t completions[KVP_STATUS_MAX];
 	struct kvp_peer_stats peer[KVP_PEERS_MAX];
 	/* RDMA transport. */

@@ -7,6 +7,7 @@
 #define KVP_WIRE_H
 
 #include <assert.h>
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "kvp_rings.h"
@@ -14,11 +15,11 @@
 /* ---- wire protocol between nodes (little-endian, TCP control/data stream) ---- */
 
 #define KVP_WIRE_MAGIC	 0x564bu /* "KV" */
-#define KVP_WIRE_VERSION 1u
+#define KVP_WIRE_VERSION 2u /* 2: DATA carries the user id, DATA2D, RDMA_REVOKE */
 
 enum kvp_wire_type {
 	KVP_W_HELLO = 1, /**< payload struct kvp_wire_hello; first frame each way */
-	KVP_W_DATA,	 /**< payload bytes for [off, off+len) of region key */
+	KVP_W_DATA,	 /**< payload bytes for [off, off+len) of region key; aux = user_id */
 	KVP_W_END,	 /**< transfer tag complete: aux = user_id, off = bytes, aux2 = nseg */
 	KVP_W_ACK,	 /**< receiver -> sender: tag landed (or its ABORT taken), aux = enum kvp_status */
 	KVP_W_ABORT,	 /**< sender gave up on tag; receiver forgets it (rsvd: KVP_ABORT_F_*) */
@@ -31,8 +32,19 @@ enum kvp_wire_type {
 			       aux2 = nseg, rsvd = destination regions in this transfer */
 	KVP_W_RDMA_GRANT, /**< receiver -> sender: struct kvp_wire_grant for key */
 	KVP_W_RDMA_RESET, /**< either way: QP slot aux (generation aux2) failed; rebuild it */
+	KVP_W_RDMA_REVOKE, /**< receiver -> sender: a fence refuses tag; stop writing, ABORT it */
+	/* Back to the data stream. */
+	KVP_W_DATA2D, /**< len / aux2 blocks of aux2 bytes, landing dst_stride (rsvd) apart
+		       from off of region key; aux = user_id */
 	KVP_W_TYPE_MAX
 };
+
+/** Types of the RDMA transport's control frames. */
+static inline bool
+kvp_wire_is_rdma(uint8_t type)
+{
+	return type >= KVP_W_RDMA_QP && type <= KVP_W_RDMA_REVOKE;
+}
 
 #define KVP_WIRE_RAILS_MAX 8 /**< rails a node may offer to one peer */
 #define KVP_RESET_NO_RDMA  1u /**< RDMA_RESET rsvd: this node has no RDMA; send over TCP */
@@ -73,6 +85,7 @@ enum kvp_grant_status {
 	KVP_GRANT_NOREGION, /**< unknown region: the transfer fails (remote refusal) */
 	KVP_GRANT_NOMR,	    /**< region not registered for RDMA: the sender stages it over TCP */
 	KVP_GRANT_BUSY,	    /**< no grant slot free: the sender stages it over TCP */
+	KVP_GRANT_FENCED,   /**< a fence of the receiving client refuses it (remote refusal) */
 };
 
 struct kvp_wire_hdr {

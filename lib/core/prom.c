@@ -275,6 +275,19 @@ kvp_stats_prometheus(const struct kvp_node *n, char *out, size_t outlen)
 	pb(&b, "kvproxy_drain_refused_total{node=\"%s\"} %" PRIu64 "\n", node, t.drain_refused);
 	head(&b, "kvproxy_deadline_misses_total", "counter", "Transfers that ended after their deadline.");
 	pb(&b, "kvproxy_deadline_misses_total{node=\"%s\"} %" PRIu64 "\n", node, t.deadline_misses);
+	head(&b, "kvproxy_fences_total", "counter", "Fences clients set on transfers landing here.");
+	pb(&b, "kvproxy_fences_total{node=\"%s\"} %" PRIu64 "\n", node, t.fences);
+	head(&b, "kvproxy_fences_held", "gauge", "Fences set and not yet expired.");
+	pb(&b, "kvproxy_fences_held{node=\"%s\"} %u\n", node, t.fences_held);
+	head(&b, "kvproxy_fences_forced_total", "counter",
+	     "Fences that had to tear down queue pairs or connections after timeouts.peer_ms.");
+	pb(&b, "kvproxy_fences_forced_total{node=\"%s\"} %" PRIu64 "\n", node, t.fences_forced);
+	head(&b, "kvproxy_fences_refused_total", "counter", "Fences refused: the fence table was full.");
+	pb(&b, "kvproxy_fences_refused_total{node=\"%s\"} %" PRIu64 "\n", node, t.fences_refused);
+	head(&b, "kvproxy_fenced_transfers_total", "counter", "Incoming transfers a fence refused.");
+	pb(&b, "kvproxy_fenced_transfers_total{node=\"%s\"} %" PRIu64 "\n", node, t.fenced_xfers);
+	head(&b, "kvproxy_fenced_bytes_total", "counter", "Bytes of incoming transfers a fence dropped.");
+	pb(&b, "kvproxy_fenced_bytes_total{node=\"%s\"} %" PRIu64 "\n", node, t.fenced_bytes);
 	head(&b, "kvproxy_stats_enabled", "gauge", "1 if phase histograms are collected (stats.enabled).");
 	pb(&b, "kvproxy_stats_enabled{node=\"%s\"} %d\n", node, n->cfg.stats_enabled);
 	head(&b, "kvproxy_send_phase_seconds", "histogram",

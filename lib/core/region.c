@@ -276,6 +276,54 @@ host_from_host(const struct kvp_region *r, uint64_t off, const void *src, size_t
 	return 0;
 }
 
+int
+kvp_copy_to_host(void *dst, const struct kvp_region *r, uint64_t off, uint64_t pitch,
+		 uint64_t width, uint64_t rows, bool *async)
+{
+	const struct kvp_memops *m = kvp_memops;
+	uint8_t *d = dst;
+
+	if (rows > 1 && pitch != width && m->to_host_2d_async) {
+		*async = true;
+		return m->to_host_2d_async(dst, r, off, pitch, width, rows);
+	}
+	if (rows > 1 && pitch == width) {
+		width *= rows; /* the rows touch: one copy */
+		rows = 1;
+	}
+	for (uint64_t i = 0; i < rows; i++, d += width, off += pitch) {
+		int rc = m->to_host_async ? m->to_host_async(d, r, off, width)
+					  : m->to_host(d, r, off, width);
+
+		*async |= m->to_host_async != NULL;
+		if (rc < 0)
+			return rc;
+	}
+	return 0;
+}
+
+int
+kvp_copy_from_host(const struct kvp_region *r, uint64_t off, uint64_t pitch, const void *src,
+		   uint64_t width, uint64_t rows)
+{
+	const struct kvp_memops *m = kvp_memops;
+	const uint8_t *s = src;
+
+	if (rows > 1 && pitch != width && m->from_host_2d)
+		return m->from_host_2d(r, off, pitch, src, width, rows);
+	if (rows > 1 && pitch == width) {
+		width *= rows;
+		rows = 1;
+	}
+	for (uint64_t i = 0; i < rows; i++, s += width, off += pitch) {
+		int rc = m->from_host(r, off, s, width);
+
+		if (rc < 0)
+			return rc;
+	}
+	return 0;
+}
+
 static int
 host_register_pool(void *base, size_t len)
 {

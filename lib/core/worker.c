@@ -18,6 +18,7 @@
 #include <rte_ring.h>
 
 #include "kvp_core.h"
+#include "worker_priv.h"
 
 #define TIMER_PERIOD_NS 1000000ull /* deadline scan: 1 ms */
 #define MSG_RING_SIZE	1024
@@ -53,7 +54,10 @@ kvp_worker_init(struct kvp_worker *w, unsigned idx, const struct kvp_config *cfg
 	w->hist = rte_zmalloc_socket("kvp_hist",
 				     sizeof(*w->hist) * KVP_HP_MAX * (cfg->npeers ? cfg->npeers : 1),
 				     64, socket);
-	if (!w->xfers || !w->free_idx || !w->segs || !w->sqe_scratch || !w->chans || !w->hist)
+	w->fences = rte_zmalloc_socket("kvp_fences", sizeof(*w->fences) * cfg->max_fences, 64,
+				       socket);
+	if (!w->xfers || !w->free_idx || !w->segs || !w->sqe_scratch || !w->chans || !w->hist ||
+	    !w->fences)
 		goto err_free;
 	for (uint32_t i = 0; i < w->nxfers; i++) {
 		w->xfers[i].idx = i;
@@ -87,6 +91,8 @@ kvp_worker_fini(struct kvp_worker *w)
 	rte_ring_free(w->inbox);
 	rte_ring_free(w->outbox);
 	w->inbox = w->outbox = NULL;
+	rte_free(w->fences);
+	w->fences = NULL;
 	rte_free(w->hist);
 	rte_free(w->chans);
 	rte_free(w->sqe_scratch);
@@ -293,6 +299,10 @@ post_done(struct kvp_xfer *x, uint64_t now)
 	c.user_id = x->user_id;
 	c.bytes = x->status == KVP_OK ? x->bytes : 0;
 	c.nseg = x->nseg;
+	if (x->status == KVP_EINVAL) {
+		c.detail = x->detail;
+		c.bad_seg = x->bad_seg;
+	}
 	uint64_t *t = x->ts;
 	t[KVP_TS_DONE] = now;
 	c.phase_ns[KVP_PH_QUEUE] = span(t, KVP_TS_SUBMIT, KVP_TS_PICKUP);
@@ -303,8 +313,14 @@ post_done(struct kvp_xfer *x, uint64_t now)
 	c.phase_ns[KVP_PH_FIRST] = span(t, KVP_TS_ADMIT, KVP_TS_FIRST);
 	c.phase_ns[KVP_PH_DELIVER] = span(t, KVP_TS_ACKED, KVP_TS_DONE);
 	c.phase_ns[KVP_PH_E2E] = now - xfer_start(x);
+	return chan_post(ch, &c);
+}
 
-	int rc = kvp_ring_enqueue_bulk(&ch->cq, &c, 1);
+bool
+chan_post(struct kvp_chan *ch, const struct kvp_cqe *c)
+{
+	int rc = kvp_ring_enqueue_bulk(&ch->cq, c, 1);
+
 	if (rc < 0) {
 		cq_cons_broken(ch);
 		return true; /* the client is being dropped; nothing to deliver to */
@@ -436,6 +452,7 @@ chan_del(struct kvp_worker *w, struct kvp_chan *ch)
 		xfer_free(w, x, now);
 	}
 	ch->backlog_head = ch->backlog_tail = NULL;
+	fence_chan_gone(w, ch);
 	if (w->chans[slot] == ch) {
 		w->chans[slot] = NULL;
 		w->nchans--;
@@ -501,42 +518,89 @@ fail_now(struct kvp_worker *w, struct kvp_xfer *x, int status)
 	kvp_worker_xfer_end(w, x, status);
 }
 
-/* Copy and check the segments of one transfer; @return KVP_OK or KVP_EINVAL. */
+/*
+ * Bytes a strided range spans: (count - 1) * stride + len, or 0 if that
+ * overflows 64 bits or the stride is smaller than a block.
+ */
+static uint64_t
+span_of(uint64_t count, uint64_t len, uint64_t stride)
+{
+	if (count == 1)
+		return len;
+	if (stride < len || count - 1 > (UINT64_MAX - len) / stride)
+		return 0;
+	return (count - 1) * stride + len;
+}
+
+/* Check one descriptor (copied out of the ring) into @p d. @return KVP_OK or a detail code. */
+static int
+take_segment(struct kvp_worker *w, struct kvp_chan *ch, const struct kvp_sqe_seg2d *s,
+	     struct kvp_seg *d)
+{
+	bool strided = s->op == KVP_OP_SEG2D;
+	uint64_t count = strided ? s->count : 1;
+
+	d->src_off = s->src_off;
+	d->dst_key = s->dst_key;
+	d->dst_off = s->dst_off;
+	d->len = s->len;
+	d->count = count;
+	d->src_stride = strided ? s->src_stride : s->len;
+	d->dst_stride = strided ? s->dst_stride : s->len;
+	if (s->op != KVP_OP_SEG && s->op != KVP_OP_SEG2D)
+		return KVP_INVAL_OP;
+	if (s->len == 0)
+		return KVP_INVAL_LEN;
+	if (s->dst_key == 0)
+		return KVP_INVAL_DST;
+	if (count == 0 || count > w->cfg->max_blocks)
+		return KVP_INVAL_COUNT;
+	uint64_t sspan = span_of(count, s->len, d->src_stride);
+	uint64_t dspan = span_of(count, s->len, d->dst_stride);
+	if (sspan == 0 || dspan == 0)
+		return KVP_INVAL_STRIDE;
+	if (s->dst_off + dspan < s->dst_off)
+		return KVP_INVAL_BOUNDS;
+	d->src = kvp_region_get(w->regions, s->src_key);
+	/* A client may only send from its own regions. */
+	if (!d->src || d->src->owner != ch->id)
+		return KVP_INVAL_SRC;
+	if (!kvp_region_contains(d->src, s->src_off, sspan))
+		return KVP_INVAL_BOUNDS;
+	if (count > 1 && d->src_stride == s->len && d->dst_stride == s->len) {
+		/* The blocks touch on both sides: one contiguous range. */
+		d->len = sspan;
+		d->count = 1;
+		d->src_stride = d->dst_stride = sspan;
+	}
+	return KVP_OK;
+}
+
+/*
+ * Copy and check the segments of one transfer. @return KVP_OK, or KVP_EINVAL
+ * with x->detail and x->bad_seg saying what and where.
+ */
 static int
 take_segments(struct kvp_worker *w, struct kvp_chan *ch, struct kvp_xfer *x, uint32_t nseg)
 {
-	int status = KVP_OK;
-
 	x->nseg = nseg;
 	x->bytes = 0;
+	for (uint32_t i = 0; i < nseg; i++)
+		x->segs[i].src = NULL;
 	for (uint32_t i = 0; i < nseg; i++) {
-		struct kvp_sqe_seg s;
-		struct kvp_seg *d = &x->segs[i];
+		struct kvp_sqe_seg2d s;
 
 		/* Copy first: the client can rewrite its ring while we look. */
 		memcpy(&s, kvp_ring_peek(&ch->sq, 1 + i), sizeof(s));
-		d->src = NULL;
-		d->src_off = s.src_off;
-		d->dst_key = s.dst_key;
-		d->dst_off = s.dst_off;
-		d->len = s.len;
-		if (status != KVP_OK)
-			continue;
-		if (s.op != KVP_OP_SEG || s.len == 0 || s.dst_key == 0 ||
-		    s.dst_off + s.len < s.dst_off) {
-			status = KVP_EINVAL;
-			continue;
+		int d = take_segment(w, ch, &s, &x->segs[i]);
+		if (d != KVP_OK) {
+			x->detail = (uint16_t)d;
+			x->bad_seg = i;
+			return KVP_EINVAL;
 		}
-		d->src = kvp_region_get(w->regions, s.src_key);
-		/* A client may only send from its own regions. */
-		if (!d->src || d->src->owner != ch->id ||
-		    !kvp_region_contains(d->src, s.src_off, s.len)) {
-			status = KVP_EINVAL;
-			continue;
-		}
-		x->bytes += s.len;
+		x->bytes += kvp_seg_bytes(&x->segs[i]);
 	}
-	return status;
+	return KVP_OK;
 }
 
 static void
@@ -583,6 +647,23 @@ poll_chan(struct kvp_worker *w, struct kvp_chan *ch, uint64_t now)
 		if (h.op == KVP_OP_CANCEL) {
 			kvp_ring_consume(&ch->sq, 1);
 			cancel_user(w, ch, h.user_id);
+			n--;
+			consumed++;
+			continue;
+		}
+		if (h.op == KVP_OP_FENCE) {
+			/* Its completion, like a transfer's, must find room in the CQ. */
+			int room = kvp_ring_free(&ch->cq);
+			if (room < 0) {
+				cq_cons_broken(ch);
+				return consumed;
+			}
+			if ((uint32_t)room <= ch->inflight)
+				break;
+			struct kvp_sqe_fence f;
+			memcpy(&f, kvp_ring_peek(&ch->sq, 0), sizeof(f));
+			kvp_ring_consume(&ch->sq, 1);
+			fence_add(w, ch, &f, now);
 			n--;
 			consumed++;
 			continue;
@@ -634,9 +715,12 @@ poll_chan(struct kvp_worker *w, struct kvp_chan *ch, uint64_t now)
 		x->client = ch->id;
 		x->peer = h.peer;
 		x->status = KVP_OK;
+		x->detail = KVP_INVAL_NONE;
+		x->bad_seg = 0;
 		x->user_id = h.user_id;
 		x->next = NULL;
 		x->t_seg = 0;
+		x->t_blk = 0;
 		x->t_off = 0;
 		x->t_frames = 0;
 		x->t_state = 0;
@@ -661,9 +745,14 @@ poll_chan(struct kvp_worker *w, struct kvp_chan *ch, uint64_t now)
 		KVP_STAT_ADD(w->stats.xfers_submitted, 1);
 
 		uint32_t nseg = h.nseg;
-		int st = nseg > w->cfg->max_segments ? KVP_EINVAL : take_segments(w, ch, x, nseg);
-		if (nseg > w->cfg->max_segments)
+		int st;
+		if (nseg > w->cfg->max_segments) {
 			x->nseg = 0;
+			x->detail = KVP_INVAL_NSEG;
+			st = KVP_EINVAL;
+		} else {
+			st = take_segments(w, ch, x, nseg);
+		}
 		kvp_ring_consume(&ch->sq, 1 + nseg);
 		n -= (int)(1 + nseg);
 		consumed += (int)(1 + nseg);
@@ -735,6 +824,8 @@ kvp_worker_timers(struct kvp_worker *w, uint64_t now)
 	if (now < w->next_timer_ns)
 		return 0;
 	w->next_timer_ns = now + TIMER_PERIOD_NS;
+	if (w->nfences)
+		work += fence_timers(w, now);
 	for (uint32_t i = 0; i < w->chan_slots; i++) {
 		struct kvp_chan *ch = w->chans[i];
 

@@ -91,6 +91,8 @@ kvp_cuda_imported_bytes(void)
 	X(cuMemcpyDtoH)                                                                    \
 	X(cuMemcpyHtoD)                                                                    \
 	X(cuMemcpyDtoHAsync)                                                               \
+	X(cuMemcpy2D)                                                                      \
+	X(cuMemcpy2DAsync)                                                                 \
 	X(cuStreamCreate)                                                                  \
 	X(cuStreamSynchronize)                                                             \
 	X(cuMemHostRegister)                                                               \
@@ -230,6 +232,78 @@ gpu_to_host_async(void *dst, const struct kvp_region *r, uint64_t off, size_t le
 	return 0;
 }
 
+/* CUDA's 2-D copies take pitches below 2^31 (CU_DEVICE_ATTRIBUTE_MAX_PITCH); larger ones loop. */
+#define PITCH_MAX 0x7fffffffull
+
+/* Rows of a GPU region (pitch apart) into packed host memory, on this thread's stream. */
+static int
+gpu_to_host_2d_async(void *dst, const struct kvp_region *r, uint64_t off, uint64_t pitch,
+		     size_t width, size_t rows)
+{
+	int dev = r->device;
+
+	if (!(r->flags & KVP_REGION_F_GPU) || pitch > PITCH_MAX) {
+		for (size_t i = 0; i < rows; i++) {
+			int rc = gpu_to_host_async((uint8_t *)dst + i * width, r, off + i * pitch, width);
+
+			if (rc < 0)
+				return rc;
+		}
+		return 0;
+	}
+	if (use_device(dev) < 0)
+		return -ENODEV;
+	if (!streams[dev] && cu.cuStreamCreate(&streams[dev], CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS)
+		return -ENOMEM;
+	CUDA_MEMCPY2D c = {
+		.srcMemoryType = CU_MEMORYTYPE_DEVICE,
+		.srcDevice = (CUdeviceptr)(uintptr_t)r->base + off,
+		.srcPitch = pitch,
+		.dstMemoryType = CU_MEMORYTYPE_HOST,
+		.dstHost = dst,
+		.dstPitch = width,
+		.WidthInBytes = width,
+		.Height = rows,
+	};
+	if (cu.cuMemcpy2DAsync(&c, streams[dev]) != CUDA_SUCCESS)
+		return -EIO;
+	pending[dev / 64] |= 1ull << (dev % 64);
+	return 0;
+}
+
+static int
+gpu_from_host(const struct kvp_region *r, uint64_t off, const void *src, size_t len);
+
+/* Packed host memory into rows of a GPU region, pitch apart: one copy, not one per row. */
+static int
+gpu_from_host_2d(const struct kvp_region *r, uint64_t off, uint64_t pitch, const void *src,
+		 size_t width, size_t rows)
+{
+	if (!(r->flags & KVP_REGION_F_GPU) || pitch > PITCH_MAX) {
+		for (size_t i = 0; i < rows; i++) {
+			int rc = gpu_from_host(r, off + i * pitch, (const uint8_t *)src + i * width,
+					       width);
+
+			if (rc < 0)
+				return rc;
+		}
+		return 0;
+	}
+	if (use_device(r->device) < 0)
+		return -ENODEV;
+	CUDA_MEMCPY2D c = {
+		.srcMemoryType = CU_MEMORYTYPE_HOST,
+		.srcHost = src,
+		.srcPitch = width,
+		.dstMemoryType = CU_MEMORYTYPE_DEVICE,
+		.dstDevice = (CUdeviceptr)(uintptr_t)r->base + off,
+		.dstPitch = pitch,
+		.WidthInBytes = width,
+		.Height = rows,
+	};
+	return cu.cuMemcpy2D(&c) == CUDA_SUCCESS ? 0 : -EIO;
+}
+
 static int
 gpu_sync(void)
 {
@@ -338,6 +412,8 @@ static const struct kvp_memops cuda_memops = {
 	.to_host_async = gpu_to_host_async,
 	.sync = gpu_sync,
 	.from_host = gpu_from_host,
+	.to_host_2d_async = gpu_to_host_2d_async,
+	.from_host_2d = gpu_from_host_2d,
 	.register_pool = gpu_register_pool,
 	.import = gpu_import,
 	.release = kvp_cuda_release,

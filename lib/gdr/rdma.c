@@ -415,6 +415,14 @@ rdma_sleep_fd(void *tctx)
 	return c->epfd;
 }
 
+static uint32_t
+rdma_fence(void *tctx, const struct kvp_fence *f, bool force)
+{
+	struct rdma_ctx *c = tctx;
+
+	return rx_fence(c, f, force) + kvp_tcp_stage_ops.fence(c->tcp, f, force);
+}
+
 static void
 rdma_disconnect(void *tctx, uint16_t peer)
 {
@@ -466,6 +474,9 @@ rdma_on_frame(void *arg, uint16_t peer, bool outgoing, const struct kvp_wire_hdr
 			qp_send_reset(c, peer, (uint32_t)h->aux, -1, NULL);
 		}
 		return 0;
+	case KVP_W_RDMA_REVOKE:
+		tx_on_revoke(c, peer, h->tag);
+		return 0;
 	case KVP_W_ACK:
 		return tx_on_ack(c, h);
 	case KVP_W_ABORT:
@@ -513,4 +524,5 @@ const struct kvp_transport_ops kvp_rdma_ops = {
 	.cancel = rdma_cancel,
 	.sleep_fd = rdma_sleep_fd,
 	.disconnect = rdma_disconnect,
+	.fence = rdma_fence,
 };

@@ -19,6 +19,7 @@
 #define GDR_SLOTS   (GDR_RAILS * GDR_QPR_MAX) /* QP slots per peer and direction */
 #define GDR_DST_MAX 8			 /* destination regions per RDMA transfer */
 #define GDR_BATCH   32			 /* WRs chained into one post per QP */
+#define GDR_SGE	    16			 /* gather entries per WRITE (strided sources) */
 
 /* ---- node resources (dev.c, mr.c): written at start, read by workers ---- */
 
@@ -104,6 +105,7 @@ struct sqp {
 	uint32_t psn;
 	uint32_t depth; /* WRITEs outstanding at most (one more entry for an imm) */
 	uint32_t inl;	/* inline bytes the QP takes */
+	uint32_t nsge;	/* gather entries per WR the QP takes */
 	uint32_t head;	/* sequence of the next WR */
 	uint32_t tail;	/* oldest WR not yet retired */
 	uint32_t unsig; /* WRs posted since the last signaled one */
@@ -113,7 +115,7 @@ struct sqp {
 	/* batch being built this iteration */
 	uint32_t nb;
 	struct ibv_send_wr wr[GDR_BATCH];
-	struct ibv_sge sge[GDR_BATCH];
+	struct ibv_sge sge[GDR_BATCH][GDR_SGE];
 };
 
 /* Receive QP: peer -> this node; takes the WRITEs and WRITE_WITH_IMM notices. */
@@ -136,6 +138,7 @@ struct rgrant {
 	uint8_t state;
 	uint8_t nkeys;	  /* destination regions the sender announced */
 	uint8_t ngranted; /* of them granted */
+	bool revoked;	  /* a fence asked the sender to stop (RDMA_REVOKE sent) */
 	uint32_t nseg;
 	uint64_t user_id;
 	uint64_t bytes;
@@ -151,9 +154,7 @@ struct txs {
 	uint8_t granted; /* grants received */
 	bool fallback;	 /* a grant sent it to the TCP path */
 	uint32_t imm;
-	uint32_t outstanding; /* posted WRs not yet retired */
-	uint32_t seg;	      /* posting cursor */
-	uint64_t off;
+	uint32_t outstanding; /* posted WRs not yet retired; the posting cursor is the planner's */
 	int last_slot; /* QP of the last WRITE: the imm follows it there */
 	uint64_t keys[GDR_DST_MAX];
 	/* Filled by grants; tx_post() clears everything above. */
@@ -244,6 +245,7 @@ int tx_post(struct rdma_ctx *c, struct kvp_xfer *x);
 int tx_on_grant(struct rdma_ctx *c, uint16_t peer, const struct kvp_wire_hdr *h,
 		const struct kvp_wire_grant *g);
 int tx_on_ack(struct rdma_ctx *c, const struct kvp_wire_hdr *h);
+void tx_on_revoke(struct rdma_ctx *c, uint16_t peer, uint64_t tag);
 int tx_progress(struct rdma_ctx *c);
 void tx_send_wc(struct rdma_ctx *c, const struct ibv_wc *wc);
 void tx_retire_all(struct rdma_ctx *c, uint16_t peer, uint32_t slot, int status);
@@ -252,6 +254,7 @@ void tx_peer_down(struct rdma_ctx *c, uint16_t peer);
 
 /* rdma_rx.c */
 int rx_on_req(struct rdma_ctx *c, uint16_t peer, const struct kvp_wire_hdr *h);
+uint32_t rx_fence(struct rdma_ctx *c, const struct kvp_fence *f, bool force);
 void rx_on_abort(struct rdma_ctx *c, uint16_t peer, uint64_t tag);
 void rx_recv_wc(struct rdma_ctx *c, const struct ibv_wc *wc);
 void rx_release_all(struct rdma_ctx *c, uint16_t peer);

@@ -26,13 +26,16 @@ rand_psn(void)
 }
 
 static struct ibv_qp *
-qp_create(struct rdma_ctx *c, unsigned rail, uint32_t send_wr, uint32_t recv_wr, uint32_t *inl)
+qp_create(struct rdma_ctx *c, unsigned rail, uint32_t send_wr, uint32_t recv_wr, uint32_t *inl,
+	  uint32_t *nsge)
 {
 	struct ibv_cq *cq = c->cq[gdr.rails[rail].dev].cq;
+	int dev_sge = gdr.devs[gdr.rails[rail].dev].attr.max_sge;
+	uint32_t sge = nsge && dev_sge > 1 ? (dev_sge < GDR_SGE ? (uint32_t)dev_sge : GDR_SGE) : 1;
 	struct ibv_qp_init_attr a = {
 		.send_cq = cq,
 		.recv_cq = cq,
-		.cap = { .max_send_wr = send_wr, .max_recv_wr = recv_wr, .max_send_sge = 1,
+		.cap = { .max_send_wr = send_wr, .max_recv_wr = recv_wr, .max_send_sge = sge,
 			 .max_recv_sge = 1, .max_inline_data = inl ? *inl : 0 },
 		.qp_type = IBV_QPT_RC,
 		.sq_sig_all = 0,
@@ -48,6 +51,8 @@ qp_create(struct rdma_ctx *c, unsigned rail, uint32_t send_wr, uint32_t recv_wr,
 		return NULL;
 	if (inl)
 		*inl = a.cap.max_inline_data; /* what the device granted */
+	if (nsge)
+		*nsge = a.cap.max_send_sge < GDR_SGE ? a.cap.max_send_sge : GDR_SGE;
 	struct ibv_qp_attr m = {
 		.qp_state = IBV_QPS_INIT,
 		.pkey_index = 0,
@@ -174,7 +179,7 @@ qp_peer_up(struct rdma_ctx *c, uint16_t peer)
 			tx_retire_all(c, peer, s, KVP_EPEER);
 		}
 		q->inl = c->inline_max;
-		q->qp = qp_create(c, q->rail, q->depth + 1, 1, &q->inl);
+		q->qp = qp_create(c, q->rail, q->depth + 1, 1, &q->inl, &q->nsge);
 		if (!q->qp) {
 			KVP_LOG_RL(WARNING, gdr, "peer %u: cannot create send QP %u on rail %u: %s",
 				   peer, s, q->rail, strerror(errno));
@@ -298,7 +303,7 @@ qp_on_qp(struct rdma_ctx *c, uint16_t peer, const struct kvp_wire_qp *in)
 	int rc = -ENOSPC;
 	/* CQs are sized for peers with as many QP slots as this node has. */
 	if (slot < c->nslots) {
-		q->qp = qp_create(c, rail, 1, c->rq_depth, NULL);
+		q->qp = qp_create(c, rail, 1, c->rq_depth, NULL, NULL);
 		rc = q->qp ? qp_connect(c, q->qp, rail, psn, in) : -errno;
 		if (rc == 0)
 			rc = qp_post_recvs(c, peer, slot, c->rq_depth);

@@ -40,6 +40,11 @@ grant_region(struct rdma_ctx *c, struct rgrant *g, uint64_t key, struct kvp_wire
 		r = kvp_region_get(c->w->regions, key);
 		if (!r)
 			return KVP_GRANT_NOREGION;
+		/* Refused whole (its bytes counted) the first time one of its regions is fenced. */
+		if (kvp_worker_fenced(c->w, r->owner, g->user_id, g->ngranted ? 0 : g->bytes, 1)) {
+			kvp_region_put(r);
+			return KVP_GRANT_FENCED;
+		}
 		if (!r->xp) {
 			kvp_region_put(r);
 			return KVP_GRANT_NOMR;
@@ -80,6 +85,7 @@ rx_on_req(struct rdma_ctx *c, uint16_t peer, const struct kvp_wire_hdr *h)
 			g->tag = h->tag;
 			g->seq++;
 			g->state = G_OPEN;
+			g->revoked = false;
 			g->nkeys = (uint8_t)h->rsvd;
 			g->ngranted = 0;
 			g->nseg = h->aux2;
@@ -139,6 +145,10 @@ rx_recv_wc(struct rdma_ctx *c, const struct ibv_wc *wc)
 		return;
 	}
 	int status = g->ngranted == g->nkeys ? KVP_OK : KVP_EREMOTE;
+	/* Fenced after the grant: the data is there, but its client disowned it. */
+	if (status == KVP_OK && g->r[0] &&
+	    kvp_worker_fenced(w, g->r[0]->owner, g->user_id, g->bytes, g->revoked ? 0 : 1))
+		status = KVP_EREMOTE;
 	for (unsigned i = 0; i < g->ngranted && status == KVP_OK; i++) {
 		if (!g->r[i])
 			status = KVP_EREMOTE;
@@ -158,6 +168,68 @@ rx_recv_wc(struct rdma_ctx *c, const struct ibv_wc *wc)
 	release(g);
 	if (!kvp_tcp_send(c->tcp, (uint16_t)peer, false, &a, NULL))
 		kvp_tcp_fail(c->tcp, (uint16_t)peer, false, "control queue full");
+}
+
+static bool
+grant_fenced(const struct rgrant *g, const struct kvp_fence *f)
+{
+	if (g->state != G_OPEN)
+		return false;
+	for (unsigned i = 0; i < g->ngranted; i++)
+		if (g->r[i] && kvp_fence_match(f, g->r[i]->owner, g->user_id))
+			return true;
+	return false;
+}
+
+/*
+ * Fence @p f: grants given out for its transfers may still be written to.
+ * Each such sender is asked once to stop (RDMA_REVOKE): it ends the
+ * transfer once its posted WRITEs completed and says so with an ABORT,
+ * which releases the grant. Forced, the receive QPs from that peer are
+ * torn down (to ERR: nothing more lands through them; the sender rebuilds
+ * them) and the grants released.
+ */
+uint32_t
+rx_fence(struct rdma_ctx *c, const struct kvp_fence *f, bool force)
+{
+	uint32_t busy = 0;
+
+	for (uint16_t p = 0; p < c->npeers; p++) {
+		struct rpeer *rp = &c->peers[p];
+		bool reset = false;
+
+		for (uint32_t i = 0; rp->g && i <= c->gmask; i++) {
+			struct rgrant *g = &rp->g[i];
+
+			if (!grant_fenced(g, f))
+				continue;
+			if (force) {
+				reset = true;
+				continue;
+			}
+			busy++;
+			if (!g->revoked) {
+				struct kvp_wire_hdr h;
+
+				kvp_wire_hdr_init(&h, KVP_W_RDMA_REVOKE, 0, g->tag);
+				if (kvp_tcp_send(c->tcp, p, false, &h, NULL)) {
+					g->revoked = true;
+					KVP_STAT_ADD(c->w->stats.fenced_xfers, 1);
+				}
+			}
+		}
+		if (!reset)
+			continue;
+		KVP_LOG_RL(WARNING, gdr, "peer %u: fence %" PRIu64 " forced: receive QPs torn down",
+			   p, f->id);
+		for (uint32_t s = 0; s < GDR_SLOTS; s++)
+			if (rp->rq[s].qp)
+				qp_send_reset(c, p, s, 0, "fence forced");
+		for (uint32_t i = 0; i <= c->gmask; i++)
+			if (grant_fenced(&rp->g[i], f))
+				release(&rp->g[i]);
+	}
+	return busy;
 }
 
 void

@@ -185,6 +185,16 @@ tx_on_ack(struct rdma_ctx *c, const struct kvp_wire_hdr *h)
 	return 0;
 }
 
+/* The receiver's client fenced the transfer: stop; the ABORT after the last WRITE frees its grant. */
+void
+tx_on_revoke(struct rdma_ctx *c, uint16_t peer, uint64_t tag)
+{
+	struct kvp_xfer *x = kvp_worker_xfer_of(c->w, tag);
+
+	if (x && x->peer == peer && x->t_state >= KVP_TCP_XS_EXT)
+		tx_cancel(c, x, KVP_EREMOTE);
+}
+
 static bool
 rail_usable(const struct sqp *q)
 {
@@ -266,11 +276,9 @@ add_wr(struct rdma_ctx *c, uint16_t peer, uint32_t slot, struct kvp_xfer *x, uin
 	struct wr_rec *rec = &q->ring[q->head % (q->depth + 1)];
 	*rec = (struct wr_rec){ .xfer = x->idx, .gen = x->gen, .bytes = bytes, .imm = imm };
 	struct ibv_send_wr *wr = &q->wr[q->nb];
-	struct ibv_sge *sge = &q->sge[q->nb];
 	memset(wr, 0, sizeof(*wr));
-	memset(sge, 0, sizeof(*sge));
 	wr->wr_id = wrid_make(false, peer, slot, q->gen, q->head);
-	wr->sg_list = sge;
+	wr->sg_list = q->sge[q->nb];
 	q->head++;
 	q->nb++;
 	if (++q->unsig >= c->signal_every) {
@@ -284,14 +292,17 @@ add_wr(struct rdma_ctx *c, uint16_t peer, uint32_t slot, struct kvp_xfer *x, uin
 }
 
 /*
- * Post the next WRITE of x. @return 1 posted, 0 no QP has room (stop for
- * this peer), -1 the transfer failed (destination out of its grant).
+ * Post the next WRITE of x, as the planner cuts it: a contiguous range, or
+ * blocks of a strided source gathered into one WRITE where they land
+ * contiguously (a WRITE has one remote address: blocks apart at the
+ * destination take one WRITE each). @return 1 posted, 0 no QP has room
+ * (stop for this peer), -1 the transfer failed (destination out of its grant).
  */
 static int
 post_write(struct rdma_ctx *c, struct rpeer *rp, struct kvp_xfer *x)
 {
 	struct txs *t = &c->txs[x->idx];
-	const struct kvp_seg *s = &x->segs[t->seg];
+	const struct kvp_seg *s = &x->segs[x->t_seg];
 	uint32_t prefer = (s->src->flags & KVP_REGION_F_GPU) && s->src->device >= 0 &&
 					  s->src->device < KVP_GPUS_MAX
 				  ? gdr.gpu_rails[s->src->device]
@@ -300,38 +311,34 @@ post_write(struct rdma_ctx *c, struct rpeer *rp, struct kvp_xfer *x)
 
 	if (slot < 0 || !batch_room(c, x->peer, (uint32_t)slot, x, RS_POST))
 		return 0;
-	uint64_t off = t->off, len = s->len - off;
-	if (len > c->chunk)
-		len = c->chunk;
+	struct sqp *q = &rp->sq[slot];
+	struct kvp_piece p;
+
+	kvp_plan_next(x, c->chunk, q->nsge, KVP_PLAN_DST_CONTIG, &p);
+	uint64_t len = p.len * p.nblk;
 	uint8_t k;
-	for (k = 0; k < t->nkeys && t->keys[k] != s->dst_key; k++)
+	for (k = 0; k < t->nkeys && t->keys[k] != p.seg->dst_key; k++)
 		;
-	t->off += len;
-	if (t->off == s->len) {
-		t->seg++;
-		t->off = 0;
-		while (off == 0 && t->seg < x->nseg && kvp_seg_contiguous(&x->segs[t->seg - 1], &x->segs[t->seg]) &&
-		       len + x->segs[t->seg].len <= c->chunk) {
-			len += x->segs[t->seg].len;
-			t->seg++;
-		}
-	}
-	uint64_t doff = s->dst_off + off;
-	if (doff > t->rlen[k] || len > t->rlen[k] - doff) {
+	if (p.dst_off > t->rlen[k] || len > t->rlen[k] - p.dst_off) {
 		KVP_LOG_RL(WARNING, gdr, "transfer %016" PRIx64 ": destination range beyond the "
 			   "granted region (off %" PRIu64 " len %" PRIu64 " of %" PRIu64 ")",
-			   kvp_xfer_tag(x), doff, len, t->rlen[k]);
+			   kvp_xfer_tag(x), p.dst_off, len, t->rlen[k]);
 		return -1;
 	}
-	struct sqp *q = &rp->sq[slot];
 	struct ibv_send_wr *wr = add_wr(c, x->peer, (uint32_t)slot, x, (uint32_t)len, false);
-	const struct gdr_mrs *m = region_mrs(s->src);
-	wr->sg_list->addr = (uint64_t)(uintptr_t)(s->src->base + s->src_off + off);
-	wr->sg_list->length = (uint32_t)len;
-	wr->sg_list->lkey = m->mr[gdr.rails[q->rail].dev]->lkey;
-	wr->num_sge = 1;
+	const struct gdr_mrs *m = region_mrs(p.seg->src);
+	uint32_t lkey = m->mr[gdr.rails[q->rail].dev]->lkey;
+	/* One gather entry for a contiguous piece, one per block otherwise. */
+	uint32_t nsge = p.nblk > 1 && p.src_stride != p.len ? (uint32_t)p.nblk : 1;
+	for (uint32_t j = 0; j < nsge; j++) {
+		wr->sg_list[j].addr = (uint64_t)(uintptr_t)(p.seg->src->base + p.src_off +
+							   j * p.src_stride);
+		wr->sg_list[j].length = nsge > 1 ? (uint32_t)p.len : (uint32_t)len;
+		wr->sg_list[j].lkey = lkey;
+	}
+	wr->num_sge = (int)nsge;
 	wr->opcode = IBV_WR_RDMA_WRITE;
-	wr->wr.rdma.remote_addr = t->raddr[k] + doff;
+	wr->wr.rdma.remote_addr = t->raddr[k] + p.dst_off;
 	wr->wr.rdma.rkey = t->rkey[k][q->rrail];
 	if (len <= c->inline_max && len <= q->inl && !m->gpu)
 		wr->send_flags |= IBV_SEND_INLINE;
@@ -376,7 +383,6 @@ peer_progress(struct rdma_ctx *c, uint16_t peer)
 
 	while (rp->post_head) {
 		struct kvp_xfer *x = rp->post_head;
-		struct txs *t = &c->txs[x->idx];
 
 		if (x->t_state == RS_FLUSH) {
 			if (!post_imm(c, rp, x))
@@ -397,7 +403,7 @@ peer_progress(struct rdma_ctx *c, uint16_t peer)
 			settle(c, x);
 			continue;
 		}
-		if (t->seg == x->nseg) {
+		if (x->t_seg == x->nseg) {
 			list_remove(rp, x);
 			x->ts[KVP_TS_POSTED] = kvp_mono_ns();
 			x->t_state = RS_FLUSH;

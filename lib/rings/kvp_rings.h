@@ -35,7 +35,7 @@
 extern "C" {
 #endif
 
-#define KVP_ABI_VERSION	  1u
+#define KVP_ABI_VERSION	  2u /* 2: fences (KVP_OP_FENCE), strided segments (KVP_OP_SEG2D) */
 #define KVP_CHAN_MAGIC	  0x314e414843505643ull /* "CVPCHAN1" little-endian */
 #define KVP_CACHE_LINE	  64
 #define KVP_SQE_SIZE	  64u
@@ -89,6 +89,8 @@ enum kvp_sqe_op {
 	KVP_OP_XFER = 1,   /**< starts a transfer; nseg KVP_OP_SEG entries follow */
 	KVP_OP_SEG = 2,	   /**< one segment of the preceding transfer */
 	KVP_OP_CANCEL = 3, /**< cancel the in-flight transfer with user_id */
+	KVP_OP_FENCE = 4,  /**< fence landings into this client's regions (struct kvp_sqe_fence) */
+	KVP_OP_SEG2D = 5,  /**< one strided segment of the preceding transfer (struct kvp_sqe_seg2d) */
 };
 
 /** Transfer header; published together with its segments in one enqueue. */
@@ -115,7 +117,44 @@ struct kvp_sqe_seg {
 	uint8_t rsvd1[16];
 };
 
+/**
+ * A strided (2-D) segment: @p count blocks of @p len bytes, block i from
+ * src_off + i * src_stride of src_key to dst_off + i * dst_stride of
+ * dst_key. The fields shared with struct kvp_sqe_seg sit at its offsets.
+ * Strides are at least @p len (blocks never overlap).
+ */
+struct kvp_sqe_seg2d {
+	uint8_t op; /**< KVP_OP_SEG2D */
+	uint8_t rsvd0[3];
+	uint32_t count; /**< blocks, >= 1 */
+	uint64_t src_key;
+	uint64_t src_off;
+	uint64_t dst_key;
+	uint64_t dst_off;
+	uint64_t len; /**< bytes per block */
+	uint64_t src_stride;
+	uint64_t dst_stride;
+};
+
+/**
+ * Fence: nothing more of the transfers whose user_id matches
+ * (user_id & mask) == (value & mask) lands in this client's regions; a
+ * KVP_CQE_FENCE completion (user_id = fence_id) says when that holds.
+ */
+struct kvp_sqe_fence {
+	uint8_t op; /**< KVP_OP_FENCE */
+	uint8_t rsvd0[3];
+	uint32_t hold_ms; /**< keep refusing matching transfers this long; 0 = the daemon's default */
+	uint64_t fence_id;
+	uint64_t value;
+	uint64_t mask; /**< != 0 */
+	uint8_t rsvd1[32];
+};
+
 static_assert(sizeof(struct kvp_sqe_xfer) == KVP_SQE_SIZE, "SQE ABI");
+static_assert(sizeof(struct kvp_sqe_seg2d) == KVP_SQE_SIZE, "SQE ABI");
+static_assert(sizeof(struct kvp_sqe_fence) == KVP_SQE_SIZE, "SQE ABI");
+static_assert(offsetof(struct kvp_sqe_seg2d, len) == offsetof(struct kvp_sqe_seg, len), "SQE ABI");
 static_assert(sizeof(struct kvp_sqe_seg) == KVP_SQE_SIZE, "SQE ABI");
 static_assert(offsetof(struct kvp_sqe_seg, src_key) == 8, "SQE ABI");
 
@@ -124,6 +163,7 @@ static_assert(offsetof(struct kvp_sqe_seg, src_key) == 8, "SQE ABI");
 enum kvp_cqe_kind {
 	KVP_CQE_DONE = 1,   /**< a transfer this client submitted has ended */
 	KVP_CQE_LANDED = 2, /**< a transfer into this client's region has landed */
+	KVP_CQE_FENCE = 3,  /**< a fence holds: user_id = fence_id, bytes = bytes refused so far */
 };
 
 struct kvp_cqe {
@@ -135,12 +175,29 @@ struct kvp_cqe {
 	uint64_t bytes;	  /**< payload bytes moved */
 	uint64_t dst_key; /**< LANDED: destination region of the first segment */
 	uint32_t nseg;
-	uint32_t rsvd1;
+	uint16_t detail; /**< DONE with KVP_EINVAL: enum kvp_invalid, what was wrong */
+	uint16_t rsvd1;
 	uint64_t phase_ns[KVP_PH_MAX];
-	uint8_t rsvd2[24];
+	uint32_t bad_seg; /**< DONE with KVP_EINVAL: index of the segment at fault */
+	uint8_t rsvd2[20];
+};
+
+/** Why a transfer was refused with KVP_EINVAL (struct kvp_cqe.detail). */
+enum kvp_invalid {
+	KVP_INVAL_NONE = 0,
+	KVP_INVAL_OP,	  /**< a segment entry is neither KVP_OP_SEG nor KVP_OP_SEG2D */
+	KVP_INVAL_LEN,	  /**< zero length */
+	KVP_INVAL_DST,	  /**< destination key 0 */
+	KVP_INVAL_COUNT,  /**< strided block count 0 or above limits.max_blocks */
+	KVP_INVAL_STRIDE, /**< a stride smaller than a block, or count x stride overflows */
+	KVP_INVAL_BOUNDS, /**< outside the source region, or the destination range overflows */
+	KVP_INVAL_SRC,	  /**< unknown source region, or not this client's */
+	KVP_INVAL_NSEG,	  /**< more segments than limits.max_segments */
+	KVP_INVAL_MAX
 };
 
 static_assert(sizeof(struct kvp_cqe) == KVP_CQE_SIZE, "CQE ABI");
+static_assert(offsetof(struct kvp_cqe, bad_seg) == 104, "CQE ABI");
 static_assert(offsetof(struct kvp_cqe, phase_ns) == 40, "CQE ABI");
 
 /* ---- ring in shared memory ---- */
@@ -448,6 +505,9 @@ static_assert(sizeof(struct kvp_ctrl_rep) == KVP_CTRL_MSGLEN, "ctrl ABI");
 
 /** Name of a transfer status ("ok", "invalid", "no-buffers", ...). */
 const char *kvp_status_str(int status);
+
+/** What a KVP_EINVAL detail means ("zero length", ...); "" for KVP_INVAL_NONE. */
+const char *kvp_invalid_str(int detail);
 
 #ifdef __cplusplus
 }

@@ -122,3 +122,23 @@ kvp_status_str(int status)
 		return "unknown";
 	return status_names[status];
 }
+
+static const char *const invalid_names[KVP_INVAL_MAX] = {
+	[KVP_INVAL_NONE] = "",
+	[KVP_INVAL_OP] = "a segment entry of unknown type",
+	[KVP_INVAL_LEN] = "a segment of zero length",
+	[KVP_INVAL_DST] = "destination region key 0",
+	[KVP_INVAL_COUNT] = "block count 0 or above limits.max_blocks",
+	[KVP_INVAL_STRIDE] = "a stride smaller than its block, or count x stride overflows",
+	[KVP_INVAL_BOUNDS] = "outside the source region, or the destination range overflows",
+	[KVP_INVAL_SRC] = "unknown source region, or not this client's",
+	[KVP_INVAL_NSEG] = "more segments than limits.max_segments",
+};
+
+const char *
+kvp_invalid_str(int detail)
+{
+	if (detail < 0 || detail >= KVP_INVAL_MAX)
+		return "unknown";
+	return invalid_names[detail];
+}

@@ -398,6 +398,12 @@ tcp_disconnect(void *tctx, uint16_t peer)
 		tcp_conn_fail(t, &t->conns[base + i], "disconnect requested");
 }
 
+static uint32_t
+tcp_fence(void *tctx, const struct kvp_fence *f, bool force)
+{
+	return tcp_rx_fence(tctx, f, force);
+}
+
 void
 kvp_tcp_set_ext(void *tctx, const struct kvp_tcp_ext *ext)
 {
@@ -452,4 +458,5 @@ const struct kvp_transport_ops kvp_tcp_stage_ops = {
 	.cancel = tcp_cancel,
 	.sleep_fd = tcp_sleep_fd,
 	.disconnect = tcp_disconnect,
+	.fence = tcp_fence,
 };

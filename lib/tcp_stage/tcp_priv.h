@@ -51,8 +51,19 @@ struct tx_frame {
 	uint8_t *payload; /* NULL for control frames */
 	uint32_t xfer;	  /* worker transfer slot, NO_XFER for control frames */
 	int32_t stage;	  /* staging buffer holding the payload, -1 if none */
+	/* A payload gathered from blocks (nblk > 1): blk bytes each, sstride apart from payload. */
+	uint32_t nblk;
+	uint32_t blk;
+	uint64_t sstride;
 	alignas(8) uint8_t inl[KVP_TCP_EXT_PAYLOAD]; /* payload of extension frames */
 };
+
+/* Frames that carry transfer payload. */
+static inline bool
+is_data(uint8_t type)
+{
+	return type == KVP_W_DATA || type == KVP_W_DATA2D;
+}
 
 enum { STAGE_RX = 0, STAGE_TX = 1 };
 
@@ -83,7 +94,10 @@ struct rx_entry {
 	uint64_t tag;
 	uint64_t bytes;
 	uint64_t first_ns; /* when its first DATA frame arrived */
+	uint64_t user_id;  /* from its DATA frames: what fences match */
+	uint32_t owner;	   /* client owning the region its last DATA frame named */
 	int status;
+	bool fenced; /* a fence refuses its bytes */
 };
 
 struct tcp_conn {
@@ -130,7 +144,15 @@ struct tcp_conn {
 	uint64_t rx_left;  /* payload bytes still to come */
 	uint64_t rx_win;   /* bytes until rx_dst's window is full */
 	int32_t rx_stage;  /* staging buffer of a staged payload, -1 if none */
-	uint64_t rx_stage_off; /* region offset the staged window lands at */
+	/*
+	 * Where the payload goes: blocks of rx_blk bytes (the whole payload for
+	 * DATA) rx_stride apart from rx_off of rx_region; rx_pos payload bytes
+	 * have landed (staged: have been copied to the region).
+	 */
+	uint64_t rx_off;
+	uint64_t rx_blk;
+	uint64_t rx_stride;
+	uint64_t rx_pos;
 	struct kvp_region *rx_region;
 	struct rx_entry *rxt;
 	uint32_t rxt_mask;
@@ -223,5 +245,6 @@ int tcp_start_recv(struct tcp_ctx *t, struct tcp_conn *c);
 void tcp_recv_done(struct tcp_ctx *t, struct tcp_conn *c, int res, bool next);
 int tcp_process_rx(struct tcp_ctx *t, struct tcp_conn *c);
 void tcp_rx_reset(struct tcp_ctx *t, struct tcp_conn *c);
+uint32_t tcp_rx_fence(struct tcp_ctx *t, const struct kvp_fence *f, bool force);
 
 #endif /* TCP_PRIV_H */

@@ -90,26 +90,93 @@ body_done(struct tcp_ctx *t, struct tcp_conn *c)
 }
 
 /*
- * The window at rx_dst is full. Direct payloads are then done; staged ones
- * copy the buffer into the region and, if more is coming, reopen the
- * window on the same buffer.
+ * A fence refuses the rest of the payload being received: nothing more of
+ * it goes to the region (nor a staged window's copy); the rest is read and
+ * dropped.
+ */
+static void
+body_fenced(struct tcp_ctx *t, struct tcp_conn *c)
+{
+	uint64_t left = c->rx_left;
+
+	kvp_worker_fenced(t->w, c->rx_ent->owner, c->rx_ent->user_id, left, 0);
+	body_done(t, c);
+	c->rx_left = left;
+	c->rx_state = left ? RX_DISCARD : RX_HDR;
+}
+
+/*
+ * Open the next window: for a payload landing in place, the rest of the
+ * current block (DATA: the whole payload); for a staged one, as much as the
+ * staging buffer holds.
+ */
+static void
+open_window(struct tcp_ctx *t, struct tcp_conn *c)
+{
+	if (c->rx_stage >= 0) {
+		c->rx_dst = stage_buf(&t->stage, c->rx_stage);
+		c->rx_win = c->rx_left < t->stage.buf_size ? c->rx_left : t->stage.buf_size;
+		return;
+	}
+	uint64_t blk = c->rx_pos / c->rx_blk, in = c->rx_pos % c->rx_blk;
+
+	c->rx_dst = c->rx_region->base + c->rx_off + blk * c->rx_stride + in;
+	c->rx_win = c->rx_blk - in < c->rx_left ? c->rx_blk - in : c->rx_left;
+}
+
+/*
+ * A staging buffer holds @p n packed payload bytes from rx_pos on: copy them
+ * to their blocks in the region (whole blocks in one 2-D copy).
+ */
+static int
+land_staged(struct tcp_conn *c, const uint8_t *src, uint64_t n)
+{
+	while (n) {
+		uint64_t blk = c->rx_pos / c->rx_blk, in = c->rx_pos % c->rx_blk;
+		uint64_t dst = c->rx_off + blk * c->rx_stride + in, run;
+		int rc;
+
+		if (in == 0 && n >= 2 * c->rx_blk) {
+			uint64_t rows = n / c->rx_blk;
+
+			run = rows * c->rx_blk;
+			rc = kvp_copy_from_host(c->rx_region, dst, c->rx_stride, src, c->rx_blk, rows);
+		} else {
+			run = c->rx_blk - in < n ? c->rx_blk - in : n;
+			rc = kvp_copy_from_host(c->rx_region, dst, run, src, run, 1);
+		}
+		if (rc < 0)
+			return rc;
+		c->rx_pos += run;
+		src += run;
+		n -= run;
+	}
+	return 0;
+}
+
+/*
+ * The window at rx_dst is full. A staged one is copied to the region; then
+ * the payload is done, or the next window opens.
  */
 static void
 window_full(struct tcp_ctx *t, struct tcp_conn *c)
 {
+	if (c->rx_ent->fenced) {
+		body_fenced(t, c);
+		return;
+	}
 	if (c->rx_stage >= 0) {
 		uint8_t *buf = stage_buf(&t->stage, c->rx_stage);
-		size_t n = (size_t)(c->rx_dst - buf);
 
-		if (kvp_memops->from_host(c->rx_region, c->rx_stage_off, buf, n) < 0)
+		if (land_staged(c, buf, (uint64_t)(c->rx_dst - buf)) < 0)
 			c->rx_ent->status = KVP_EREMOTE;
-		c->rx_stage_off += n;
-		c->rx_dst = buf;
-		c->rx_win = c->rx_left < t->stage.buf_size ? c->rx_left : t->stage.buf_size;
 	}
-	if (c->rx_left == 0)
+	if (c->rx_left == 0) {
 		body_done(t, c);
-	else if (c->rx_state == RX_DIRECT)
+		return;
+	}
+	open_window(t, c);
+	if (c->rx_state == RX_DIRECT)
 		c->rx_state = RX_BODY;
 }
 
@@ -122,8 +189,12 @@ landed(struct tcp_ctx *t, struct tcp_conn *c, uint64_t n)
 	c->rx_left -= n;
 	c->rx_win -= n;
 	c->rx_ent->bytes += n;
+	if (c->rx_stage < 0)
+		c->rx_pos += n;
 	if (c->rx_win == 0)
 		window_full(t, c);
+	else if (c->rx_ent->fenced)
+		body_fenced(t, c); /* fenced while this recv was in flight: it was the last */
 }
 
 /* @p n bytes arrived in rxbuf; a body waiting for a direct recv takes them first. */
@@ -161,44 +232,56 @@ static bool
 on_data(struct tcp_ctx *t, struct tcp_conn *c, const struct kvp_wire_hdr *h)
 {
 	struct rx_entry *e = &c->rxt[h->tag & c->rxt_mask];
+	/* DATA2D: len / aux2 blocks of aux2 bytes, rsvd apart (kvp_wire_check() vouched for it). */
+	bool two_d = h->type == KVP_W_DATA2D;
+	uint64_t blk = two_d ? h->aux2 : h->len, stride = two_d ? h->rsvd : h->len;
+	uint64_t span = (h->len / blk - 1) * stride + blk;
 
 	if (e->tag != h->tag) {
 		e->tag = h->tag;
 		e->bytes = 0;
 		e->status = KVP_OK;
+		e->fenced = false;
 		e->first_ns = c->last_rx_ns; /* when the bytes holding this header arrived */
 	}
+	e->user_id = h->aux;
 	c->rx_ent = e;
-	if (e->status == KVP_OK) {
+	if (e->fenced) {
+		kvp_worker_fenced(t->w, e->owner, e->user_id, h->len, 0); /* counted */
+	} else if (e->status == KVP_OK) {
 		struct kvp_region *r = kvp_region_get(t->w->regions, h->key);
 
-		if (r && kvp_region_contains(r, h->off, h->len)) {
+		if (r)
+			e->owner = r->owner;
+		if (r && kvp_worker_fenced(t->w, r->owner, h->aux, h->len, 1)) {
+			kvp_region_put(r);
+			e->fenced = true;
+			e->status = KVP_EREMOTE;
+		} else if (r && kvp_region_contains(r, h->off, span)) {
+			if (r->flags & KVP_REGION_F_STAGE) {
+				/* No buffer: leave the header unread; TCP pushes back on the sender. */
+				c->rx_stage = stage_get(&t->stage, &t->w->stats, STAGE_RX);
+				if (c->rx_stage < 0) {
+					kvp_region_put(r);
+					return false;
+				}
+			}
 			c->rx_region = r;
 			c->rx_state = RX_BODY;
-			if (!(r->flags & KVP_REGION_F_STAGE)) {
-				c->rx_dst = r->base + h->off;
-				c->rx_win = h->len;
-				return true;
-			}
-			/* No buffer: leave the header unread; TCP pushes back on the sender. */
-			c->rx_stage = stage_get(&t->stage, &t->w->stats, STAGE_RX);
-			if (c->rx_stage < 0) {
-				kvp_region_put(r);
-				c->rx_region = NULL;
-				c->rx_state = RX_HDR;
-				return false;
-			}
-			c->rx_dst = stage_buf(&t->stage, c->rx_stage);
-			c->rx_stage_off = h->off;
-			c->rx_win = h->len < t->stage.buf_size ? h->len : t->stage.buf_size;
+			c->rx_off = h->off;
+			c->rx_blk = blk;
+			c->rx_stride = stride;
+			c->rx_pos = 0;
+			open_window(t, c);
 			return true;
+		} else {
+			if (r)
+				kvp_region_put(r);
+			KVP_LOG_RL(WARNING, tcp, "peer %u: data for unknown region %016" PRIx64
+				   " or out of bounds (off %" PRIu64 " span %" PRIu64 "): refused",
+				   c->peer, h->key, h->off, span);
+			e->status = KVP_EREMOTE;
 		}
-		if (r)
-			kvp_region_put(r);
-		KVP_LOG_RL(WARNING, tcp, "peer %u: data for unknown region %016" PRIx64
-			   " or out of bounds (off %" PRIu64 " len %u): refused",
-			   c->peer, h->key, h->off, h->len);
-		e->status = KVP_EREMOTE;
 	}
 	c->rx_state = RX_DISCARD;
 	return true;
@@ -284,6 +367,7 @@ ext_direction_ok(const struct tcp_conn *c, uint8_t type)
 		return !c->outgoing;
 	case KVP_W_RDMA_QP_OK:
 	case KVP_W_RDMA_GRANT:
+	case KVP_W_RDMA_REVOKE:
 		return c->outgoing;
 	default:
 		return true;
@@ -293,7 +377,7 @@ ext_direction_ok(const struct tcp_conn *c, uint8_t type)
 static bool
 is_ext(uint8_t type)
 {
-	return type >= KVP_W_RDMA_QP && type < KVP_W_TYPE_MAX;
+	return kvp_wire_is_rdma(type);
 }
 
 /* Check a header against the wire rules and this connection's direction; fails it if bad. */
@@ -304,7 +388,7 @@ hdr_ok(struct tcp_ctx *t, struct tcp_conn *c, const struct kvp_wire_hdr *h)
 	int rc = kvp_wire_check(h, t->frame_max);
 
 	if (rc < 0 || h->type == KVP_W_HELLO || (h->type == KVP_W_ACK && !c->outgoing) ||
-	    (h->type == KVP_W_DATA && c->outgoing) ||
+	    (is_data(h->type) && c->outgoing) ||
 	    (is_ext(h->type) && (!t->ext || c->link != 0 || !ext_direction_ok(c, h->type)))) {
 		KVP_STAT_ADD(ps->bad_frames, 1);
 		tcp_conn_fail(t, c, rc < 0 ? "malformed frame" : "unexpected frame type");
@@ -325,7 +409,7 @@ on_header(struct tcp_ctx *t, struct tcp_conn *c, const struct kvp_wire_hdr *h)
 	     (h->type == KVP_W_ABORT && (h->rsvd & KVP_ABORT_F_ACK))) &&
 	    txq_room(c) == 0)
 		return false;
-	if (h->type == KVP_W_DATA) {
+	if (is_data(h->type)) {
 		c->rx_left = h->len;
 		if (!on_data(t, c, h))
 			return false;
@@ -439,6 +523,42 @@ tcp_process_rx(struct tcp_ctx *t, struct tcp_conn *c)
 		}
 	}
 	return work;
+}
+
+/*
+ * Fence @p f: payloads now being received for its transfers stop landing.
+ * One whose recv into the region is in flight lands that recv's bytes (at
+ * most DIRECT_RECV_MAX) and is counted until it returns; forced, its
+ * connection is shut down so that it returns at once.
+ */
+uint32_t
+tcp_rx_fence(struct tcp_ctx *t, const struct kvp_fence *f, bool force)
+{
+	uint32_t busy = 0;
+
+	for (uint32_t i = 0; i < t->nconns; i++) {
+		struct tcp_conn *c = &t->conns[i];
+
+		if (c->outgoing || c->state == CONN_FREE || !c->rx_region ||
+		    (c->rx_state != RX_BODY && c->rx_state != RX_DIRECT) ||
+		    !kvp_fence_match(f, c->rx_region->owner, c->rx_ent->user_id))
+			continue;
+		if (!c->rx_ent->fenced) {
+			c->rx_ent->fenced = true;
+			c->rx_ent->status = KVP_EREMOTE;
+			KVP_STAT_ADD(t->w->stats.fenced_xfers, 1);
+		}
+		/* A recv into a staging buffer is harmless: its copy is skipped. */
+		if (c->recv_busy && c->recv_direct && c->rx_stage < 0) {
+			if (force)
+				tcp_conn_fail(t, c, "fence forced: a receive into the region did not end");
+			busy++;
+			continue;
+		}
+		if (c->state == CONN_UP)
+			body_fenced(t, c);
+	}
+	return busy;
 }
 
 void

@@ -30,7 +30,33 @@ push_frame(struct tcp_conn *c, uint8_t type, uint32_t len, uint64_t tag, uint32_
 	f->payload = NULL;
 	f->xfer = xfer;
 	f->stage = -1;
+	f->nblk = 0;
 	return f;
+}
+
+/* iovecs f's payload takes. */
+static inline uint32_t
+payload_iovs(const struct tx_frame *f)
+{
+	return !f->payload ? 0 : f->nblk > 1 ? f->nblk : 1;
+}
+
+/* The iovecs of f's payload from byte @p skip on. @return how many */
+static uint32_t
+payload_iov(const struct tx_frame *f, uint32_t skip, struct iovec *iov)
+{
+	if (f->nblk <= 1) {
+		iov->iov_base = f->payload + skip;
+		iov->iov_len = f->hdr.len - skip;
+		return 1;
+	}
+	uint32_t n = 0;
+
+	for (uint32_t b = skip / f->blk, in = skip % f->blk; b < f->nblk; b++, in = 0) {
+		iov[n].iov_base = f->payload + b * f->sstride + in;
+		iov[n++].iov_len = f->blk - in;
+	}
+	return n;
 }
 
 bool
@@ -58,19 +84,25 @@ tcp_queue_frame(struct tcp_conn *c, const struct kvp_wire_hdr *h, const void *pa
 }
 
 /*
- * Queue the next DATA frame of x: zero-copy from the source region, or,
- * for a region that must be staged, copied into a staging buffer first.
+ * Queue the next DATA (or DATA2D) frame of x, as the planner cuts it:
+ * zero-copy from the source region (the blocks of a strided source gathered
+ * by the send's iovec), or, for a region that must be staged, copied into a
+ * staging buffer first (one 2-D copy for a strided piece).
  * @return false if the frame needs a staging buffer and none is free.
  */
 static bool
 frame_data(struct tcp_ctx *t, struct tcp_conn *c, struct kvp_xfer *x)
 {
-	struct kvp_seg *s = &x->segs[x->t_seg];
+	const struct kvp_seg *s = &x->segs[x->t_seg];
 	bool staged = (s->src->flags & KVP_REGION_F_STAGE) != 0;
 	uint64_t limit = staged && t->stage.buf_size < t->frame_max ? t->stage.buf_size
 								       : t->frame_max;
-	uint64_t len = s->len - x->t_off;
-	uint64_t off = x->t_off;
+	/* A gathered payload takes one iovec per block; its header one more. */
+	uint64_t max_blocks = !staged && s->src_stride != s->len ? t->iov_max - 2 : UINT64_MAX;
+	/* DATA2D carries its stride and block in 32 bits. */
+	if (s->count > 1 && (s->dst_stride > UINT32_MAX || s->len > UINT32_MAX))
+		max_blocks = 1;
+	struct kvp_piece p;
 	int32_t b = -1;
 
 	if (staged) {
@@ -78,52 +110,42 @@ frame_data(struct tcp_ctx *t, struct tcp_conn *c, struct kvp_xfer *x)
 		if (b < 0)
 			return false;
 	}
-	if (len > limit)
-		len = limit;
+	kvp_plan_next(x, limit, max_blocks, 0, &p);
+	uint64_t bytes = p.len * p.nblk;
+	bool scatter = p.nblk > 1 && p.dst_stride != p.len;
+	bool gather = p.nblk > 1 && p.src_stride != p.len;
 	/* Window and buffer granted for the first time: the transfer is admitted. */
 	if (!x->ts[KVP_TS_ADMIT])
 		x->ts[KVP_TS_ADMIT] = kvp_mono_ns();
-	x->t_off += len;
-	if (x->t_off == s->len) {
-		x->t_seg++;
-		x->t_off = 0;
-		/* Whole segments may absorb their contiguous successors. */
-		while (off == 0 && x->t_seg < x->nseg &&
-		       kvp_seg_contiguous(&x->segs[x->t_seg - 1], &x->segs[x->t_seg]) &&
-		       len + x->segs[x->t_seg].len <= limit) {
-			len += x->segs[x->t_seg].len;
-			x->t_seg++;
-		}
+	struct tx_frame *f = push_frame(c, scatter ? KVP_W_DATA2D : KVP_W_DATA, (uint32_t)bytes,
+					kvp_xfer_tag(x), x->idx);
+	f->hdr.key = p.seg->dst_key;
+	f->hdr.off = p.dst_off;
+	f->hdr.aux = x->user_id; /* the receiver's fences match it */
+	if (scatter) {
+		f->hdr.aux2 = (uint32_t)p.len;
+		f->hdr.rsvd = (uint32_t)p.dst_stride;
 	}
-	struct tx_frame *f = push_frame(c, KVP_W_DATA, (uint32_t)len, kvp_xfer_tag(x), x->idx);
-	f->hdr.key = s->dst_key;
-	f->hdr.off = s->dst_off + off;
 	if (staged) {
-		/* Contiguous in the source, so one copy covers coalesced segments. */
+		bool async = false;
+
 		f->stage = b;
 		f->payload = stage_buf(&t->stage, b);
 		/* Started now, waited for once per pass (tcp_fill_tx), before anything is sent. */
-		int rc = kvp_memops->to_host_async
-				 ? kvp_memops->to_host_async(f->payload, s->src, s->src_off + off, len)
-				 : kvp_memops->to_host(f->payload, s->src, s->src_off + off, len);
-		t->copies |= kvp_memops->to_host_async != NULL;
+		int rc = kvp_copy_to_host(f->payload, p.seg->src, p.src_off, p.src_stride, p.len,
+					  p.nblk, &async);
+		t->copies |= async;
 		t->copy_failed |= rc < 0;
 	} else {
-		f->payload = s->src->base + s->src_off + off;
+		f->payload = p.seg->src->base + p.src_off;
+		if (gather) {
+			f->nblk = (uint32_t)p.nblk;
+			f->blk = (uint32_t)p.len;
+			f->sstride = p.src_stride;
+		}
 	}
 	x->t_frames++;
 	return true;
-}
-
-/* Bytes of x not framed yet. */
-static uint64_t
-unframed(const struct kvp_xfer *x)
-{
-	uint64_t n = 0;
-
-	for (uint32_t i = x->t_seg; i < x->nseg; i++)
-		n += x->segs[i].len;
-	return n - (x->t_seg < x->nseg ? x->t_off : 0);
 }
 
 static void
@@ -173,7 +195,7 @@ tcp_fill_tx(struct tcp_ctx *t, struct tcp_conn *c)
 
 		if (x->status != KVP_OK) {
 			/* Cancelled mid-framing: tell the receiver to forget the tag. */
-			c->unsent -= unframed(x);
+			c->unsent -= kvp_plan_left(x);
 			push_frame(c, KVP_W_ABORT, 0, kvp_xfer_tag(x), x->idx)->hdr.rsvd = KVP_ABORT_F_ACK;
 			x->t_frames++;
 			x->t_state = TX_DRAIN;
@@ -209,7 +231,7 @@ frame_sent(struct tcp_ctx *t, struct tcp_conn *c, struct tx_frame *f, uint64_t n
 	struct kvp_worker *w = t->w;
 	struct kvp_peer_stats *ps = &w->stats.peer[c->peer];
 
-	if (f->hdr.type == KVP_W_DATA) {
+	if (is_data(f->hdr.type)) {
 		c->unsent -= f->hdr.len;
 		KVP_STAT_ADD(ps->tx_bytes, f->hdr.len);
 		KVP_STAT_ADD(ps->link_tx_bytes[c->link], f->hdr.len);
@@ -230,7 +252,7 @@ frame_sent(struct tcp_ctx *t, struct tcp_conn *c, struct tx_frame *f, uint64_t n
 	if (x->state != KVP_XS_ACTIVE || kvp_xfer_tag(x) != f->hdr.tag)
 		return;
 	x->t_frames--;
-	if (f->hdr.type == KVP_W_DATA && !x->ts[KVP_TS_FIRST])
+	if (is_data(f->hdr.type) && !x->ts[KVP_TS_FIRST])
 		x->ts[KVP_TS_FIRST] = now;
 	if (f->hdr.type == KVP_W_END && x->t_state == TX_FRAMED) {
 		x->ts[KVP_TS_POSTED] = now;
@@ -263,11 +285,14 @@ tcp_start_send(struct tcp_ctx *t, struct tcp_conn *c)
 	 * and a cancelled transfer never waits long for frames already given
 	 * to the kernel.
 	 */
-	while (i != c->tx_tail && niov + 2 <= t->iov_max && bytes < t->frame_max) {
+	/* The planner keeps a frame within iov_max; gathers stop before one that does not fit. */
+	while (i != c->tx_tail && bytes < t->frame_max) {
 		struct tx_frame *f = frame_at(c, i);
 		uint32_t skip = i == c->tx_done ? c->tx_partial : 0;
 		uint32_t hlen = sizeof(f->hdr);
 
+		if (niov + 1 + payload_iovs(f) > t->iov_max)
+			break;
 		if (skip < hlen) {
 			c->iov[niov].iov_base = (uint8_t *)&f->hdr + skip;
 			c->iov[niov++].iov_len = hlen - skip;
@@ -275,10 +300,8 @@ tcp_start_send(struct tcp_ctx *t, struct tcp_conn *c)
 		} else {
 			skip -= hlen;
 		}
-		if (f->payload) {
-			c->iov[niov].iov_base = f->payload + skip;
-			c->iov[niov++].iov_len = f->hdr.len - skip;
-		}
+		if (f->payload)
+			niov += payload_iov(f, skip, &c->iov[niov]);
 		bytes += frame_bytes(f);
 		i++;
 	}
@@ -384,7 +407,7 @@ tcp_tx_cancel(struct tcp_ctx *t, struct tcp_conn *c, struct kvp_xfer *x, int sta
 
 		if (f->xfer != x->idx || f->hdr.tag != kvp_xfer_tag(x))
 			continue;
-		if (f->hdr.type == KVP_W_DATA) {
+		if (is_data(f->hdr.type)) {
 			/* Shrinks to a header-only ABORT: no payload read, stream stays framed. */
 			if (f->stage >= 0) {
 				stage_put(&t->stage, &w->stats, f->stage);
@@ -392,8 +415,10 @@ tcp_tx_cancel(struct tcp_ctx *t, struct tcp_conn *c, struct kvp_xfer *x, int sta
 			}
 			c->unsent -= f->hdr.len;
 			f->payload = NULL;
+			f->nblk = 0;
 			f->hdr.type = KVP_W_ABORT;
 			f->hdr.len = 0;
+			f->hdr.aux2 = f->hdr.rsvd = 0;
 		} else if (f->hdr.type == KVP_W_END) {
 			f->hdr.type = KVP_W_ABORT;
 			f->hdr.rsvd = KVP_ABORT_F_ACK;

@@ -51,7 +51,7 @@ loaded on first use, and :class:`LibraryNotFoundError` says what was tried.
 """
 
 from ._buffer import HostBuffer
-from ._client import Client, Completion, Region, Segment, Status, status_name
+from ._client import Client, Completion, Region, Segment, Segment2D, Status, status_name
 from ._errors import (
     ConnectError,
     Disconnected,
@@ -72,6 +72,7 @@ __all__ = [
     "HostBuffer",
     "Region",
     "Segment",
+    "Segment2D",
     "Completion",
     "Status",
     "status_name",

@@ -29,6 +29,7 @@ __all__ = [
     "Client",
     "Region",
     "Segment",
+    "Segment2D",
     "Completion",
     "Status",
     "status_name",
@@ -64,6 +65,11 @@ def status_name(status: int) -> str:
     return raw.decode() if raw else "unknown"
 
 
+def _invalid_detail(detail: int) -> str:
+    raw = _lib.load().kvp_invalid_str(int(detail))
+    return raw.decode() if raw else ""
+
+
 def _check_u64(name: str, value: Any) -> int:
     if not isinstance(value, int) or isinstance(value, bool):
         raise TypeError(f"{name} must be an int, not {type(value).__name__}")
@@ -86,7 +92,27 @@ class Segment(NamedTuple):
     length: int
 
 
-SegmentLike = Union[Segment, Tuple[int, int, int, int, int]]
+class Segment2D(NamedTuple):
+    """A strided segment: ``count`` blocks of ``length`` bytes, block ``i``
+    from ``src_off + i * src_stride`` of ``src_key`` to ``dst_off + i *
+    dst_stride`` of ``dst_key`` (a 2-D copy: e.g. one KV head of every token
+    of a page). One descriptor however many blocks; kvproxyd walks them.
+    Strides are at least ``length``.
+
+    An 8-tuple in this order is accepted wherever a Segment2D is.
+    """
+
+    src_key: int
+    src_off: int
+    dst_key: int
+    dst_off: int
+    length: int
+    count: int
+    src_stride: int
+    dst_stride: int
+
+
+SegmentLike = Union[Segment, Segment2D, Tuple[int, ...]]
 
 _PHASES = _lib.PHASE_NAMES
 
@@ -96,8 +122,10 @@ class Completion:
     """One completion read from the completion ring.
 
     Attributes:
-        kind: ``"done"`` (a transfer this client submitted has ended) or
-            ``"landed"`` (a transfer into one of this client's regions has landed).
+        kind: ``"done"`` (a transfer this client submitted has ended),
+            ``"landed"`` (a transfer into one of this client's regions has
+            landed) or ``"fence"`` (a fence of :meth:`Client.fence` holds:
+            ``user_id`` is its fence id, ``bytes`` what it refused so far).
         status: the transfer status (a :class:`Status`; 0 is ok).
         status_name: its name (``"ok"``, ``"invalid"``, ``"timeout"``, ``"remote"``, ...).
         ok: ``status == 0``.
@@ -106,6 +134,10 @@ class Completion:
         bytes: payload bytes moved.
         nseg: segments in the transfer.
         dst_key: ``landed``: the destination region of the first segment (0 on ``done``).
+        detail: on a ``done`` with status ``invalid``: what was wrong with
+            the descriptor (the daemon's words), else ``""``.
+        bad_seg: on a ``done`` with status ``invalid``: the index of the
+            segment at fault.
         phases: seconds spent per phase (0 where a phase did not happen). On
             ``done``: ``queue`` (submit -> daemon pickup), ``admit`` (pickup ->
             admitted), ``first`` (admitted -> first byte handed to the
@@ -128,10 +160,13 @@ class Completion:
     nseg: int
     dst_key: int
     phases: Dict[str, float] = field(default_factory=dict, hash=False)
+    detail: str = ""
+    bad_seg: int = 0
 
     @classmethod
     def _from_cqe(cls, e: _lib.Cqe_t) -> "Completion":
-        kind = {_lib.CQE_DONE: "done", _lib.CQE_LANDED: "landed"}.get(e.kind, f"unknown({e.kind})")
+        kind = {_lib.CQE_DONE: "done", _lib.CQE_LANDED: "landed", _lib.CQE_FENCE: "fence"}.get(
+            e.kind, f"unknown({e.kind})")
         try:
             status: int = Status(e.status)
         except ValueError:
@@ -147,6 +182,8 @@ class Completion:
             nseg=e.nseg,
             dst_key=e.dst_key,
             phases={name: e.phase_ns[i] / 1e9 for i, name in enumerate(_PHASES)},
+            detail=_invalid_detail(e.detail) if e.status == Status.INVALID else "",
+            bad_seg=e.bad_seg if e.status == Status.INVALID else 0,
         )
 
     def raise_for_status(self) -> "Completion":
@@ -483,7 +520,9 @@ class Client:
 
         :param peer: a peer index from :meth:`peer`, or the peer's node id (looked up once).
         :param segments: :class:`Segment` objects or 5-tuples
-            ``(src_key, src_off, dst_key, dst_off, length)``; 1 to :attr:`max_segments`.
+            ``(src_key, src_off, dst_key, dst_off, length)``, and
+            :class:`Segment2D` objects or 8-tuples (strided); 1 to
+            :attr:`max_segments`.
         :param user_id: your id for the transfer (unique among those in flight), echoed in completions.
         :param timeout: deadline in seconds from now; None = the daemon's default.
         :raises RingFull: the submission ring is full; reap completions and retry.
@@ -518,22 +557,27 @@ class Client:
             raise InvalidArgument(
                 errno.EINVAL, "submit", detail=f"{n} segments; a transfer takes 1 to {self._max_segments} on {self._node_id}"
             )
-        arr = (_lib.Segment_t * n)()
+        two_d = any(len(s) == 8 for s in segs if isinstance(s, tuple))
+        arr = (_lib.Segment2D_t * n)() if two_d else (_lib.Segment_t * n)()
         for i, s in enumerate(segs):
-            try:
-                src_key, src_off, dst_key, dst_off, length = s
-            except (TypeError, ValueError):
-                raise TypeError(f"segment {i} is not a Segment or a 5-tuple: {s!r}") from None
+            if not isinstance(s, tuple) or len(s) not in (5, 8):
+                raise TypeError(f"segment {i} is not a Segment, a Segment2D, a 5- or an 8-tuple: {s!r}")
             d = arr[i]
-            d.src_key = _check_u64(f"segment {i} src_key", src_key)
-            d.src_off = _check_u64(f"segment {i} src_off", src_off)
-            d.dst_key = _check_u64(f"segment {i} dst_key", dst_key)
-            d.dst_off = _check_u64(f"segment {i} dst_off", dst_off)
-            d.len = _check_u64(f"segment {i} length", length)
+            for name, value in zip(("src_key", "src_off", "dst_key", "dst_off", "len"), s[:5]):
+                setattr(d, name, _check_u64(f"segment {i} {name}", value))
+            if not two_d:
+                continue
+            count, sstride, dstride = s[5:] if len(s) == 8 else (1, 0, 0)
+            if not isinstance(count, int) or isinstance(count, bool) or not 1 <= count <= _U32_MAX:
+                raise InvalidArgument(errno.EINVAL, "submit", detail=f"segment {i}: count {count!r} is outside [1, 2**32)")
+            d.count = count
+            d.src_stride = _check_u64(f"segment {i} src_stride", sstride)
+            d.dst_stride = _check_u64(f"segment {i} dst_stride", dstride)
         desc = _lib.XferDesc_t(user_id=user_id, peer=pidx, timeout_ns=timeout_ns)
         with self._sq_lock:
             ptr = self._handle("submit")
-            rc = self._lib.kvp_submit(ptr, ctypes.byref(desc), arr, n)
+            submit = self._lib.kvp_submit2d if two_d else self._lib.kvp_submit
+            rc = submit(ptr, ctypes.byref(desc), arr, n)
         if rc < 0:
             cls = InvalidArgument if rc == -errno.EINVAL else KvproxyError
             detail = "submission ring full" if rc == -errno.EAGAIN else ""
@@ -553,6 +597,38 @@ class Client:
             rc = self._lib.kvp_cancel(ptr, user_id)
         if rc < 0:
             raise error_for(rc, f"cancel {user_id}", detail="submission ring full" if rc == -errno.EAGAIN else "")
+
+    def fence(self, value: int, mask: int, fence_id: int, hold: Optional[float] = None) -> None:
+        """Fence the transfers landing in this client's regions whose user id
+        matches ``(user_id & mask) == (value & mask)``: from now on kvproxyd
+        drops their bytes instead of writing them (the senders' transfers
+        fail with ``remote``). A ``fence`` completion with ``user_id ==
+        fence_id`` follows once nothing of them can land any more (bounded by
+        the daemon's ``timeouts.peer_ms``); its status is ``ok``, or
+        ``no-buffers`` when the daemon's fence table was full (nothing was
+        fenced), or ``timeout`` if it could not be made to hold.
+
+        :param hold: seconds the fence keeps refusing matching transfers; None
+            = the daemon's ``timeouts.fence_hold_ms``.
+        :raises RingFull: the submission ring is full; reap completions and retry.
+        :raises InvalidArgument: ``mask`` is 0, or a value is out of range.
+        """
+        _check_u64("value", value)
+        _check_u64("mask", mask)
+        _check_u64("fence_id", fence_id)
+        if mask == 0:
+            raise InvalidArgument(errno.EINVAL, "fence", detail="mask 0 would fence every transfer")
+        if hold is None:
+            hold_ms = 0
+        else:
+            if not isinstance(hold, (int, float)) or isinstance(hold, bool) or not hold > 0 or math.isinf(hold):
+                raise InvalidArgument(errno.EINVAL, "fence", detail=f"hold must be a finite number of seconds > 0 or None, got {hold!r}")
+            hold_ms = min(max(1, math.ceil(hold * 1000)), _U32_MAX)
+        with self._sq_lock:
+            ptr = self._handle("fence")
+            rc = self._lib.kvp_fence(ptr, value, mask, hold_ms, fence_id)
+        if rc < 0:
+            raise error_for(rc, f"fence {fence_id}", detail="submission ring full" if rc == -errno.EAGAIN else "")
 
     def _cqe_buf(self, max: int) -> ctypes.Array:
         if not isinstance(max, int) or isinstance(max, bool) or not 1 <= max <= _U32_MAX:

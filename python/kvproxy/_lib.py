@@ -26,6 +26,7 @@ from typing import List, Optional
 __all__ = [
     "LibraryNotFoundError",
     "Segment_t",
+    "Segment2D_t",
     "XferDesc_t",
     "Cqe_t",
     "load",
@@ -37,17 +38,19 @@ __all__ = [
     "REGION_HOST",
     "CQE_DONE",
     "CQE_LANDED",
+    "CQE_FENCE",
 ]
 
 # ---- constants from kvp_rings.h (the client ABI) ----
 
-ABI_VERSION = 1
+ABI_VERSION = 2
 NODE_ID_MAX = 32  # including the terminating NUL
 XFER_SEGS_MAX = 4096
 PH_MAX = 8
 REGION_HOST = 0x1
 CQE_DONE = 1
 CQE_LANDED = 2
+CQE_FENCE = 3
 
 # enum kvp_phase, in order
 PHASE_NAMES = ("queue", "admit", "post", "wire", "total", "first", "deliver", "e2e")
@@ -66,6 +69,21 @@ class Segment_t(ctypes.Structure):
         ("dst_key", ctypes.c_uint64),
         ("dst_off", ctypes.c_uint64),
         ("len", ctypes.c_uint64),
+    ]
+
+
+class Segment2D_t(ctypes.Structure):
+    """struct kvp_segment2d."""
+
+    _fields_ = [
+        ("src_key", ctypes.c_uint64),
+        ("src_off", ctypes.c_uint64),
+        ("dst_key", ctypes.c_uint64),
+        ("dst_off", ctypes.c_uint64),
+        ("len", ctypes.c_uint64),
+        ("count", ctypes.c_uint64),
+        ("src_stride", ctypes.c_uint64),
+        ("dst_stride", ctypes.c_uint64),
     ]
 
 
@@ -91,17 +109,21 @@ class Cqe_t(ctypes.Structure):
         ("bytes", ctypes.c_uint64),
         ("dst_key", ctypes.c_uint64),
         ("nseg", ctypes.c_uint32),
-        ("rsvd1", ctypes.c_uint32),
+        ("detail", ctypes.c_uint16),
+        ("rsvd1", ctypes.c_uint16),
         ("phase_ns", ctypes.c_uint64 * PH_MAX),
-        ("rsvd2", ctypes.c_uint8 * 24),
+        ("bad_seg", ctypes.c_uint32),
+        ("rsvd2", ctypes.c_uint8 * 20),
     ]
 
 
 # The same pins as the static_asserts in kvp_rings.h / kvproxy.h.
 assert ctypes.sizeof(Segment_t) == 40
+assert ctypes.sizeof(Segment2D_t) == 64
 assert ctypes.sizeof(XferDesc_t) == 24
 assert ctypes.sizeof(Cqe_t) == 128
 assert Cqe_t.phase_ns.offset == 40
+assert Cqe_t.bad_seg.offset == 104
 
 _c_client_p = ctypes.c_void_p
 
@@ -141,13 +163,16 @@ def _declare(lib: ctypes.CDLL) -> None:
     fn("kvp_region_deregister", c_int, _c_client_p, u64)
     fn("kvp_peer_lookup", c_int, _c_client_p, c_char_p, P(u16))
     fn("kvp_submit", c_int, _c_client_p, P(XferDesc_t), P(Segment_t), u32)
+    fn("kvp_submit2d", c_int, _c_client_p, P(XferDesc_t), P(Segment2D_t), u32)
     fn("kvp_cancel", c_int, _c_client_p, u64)
+    fn("kvp_fence", c_int, _c_client_p, u64, u64, u32, u64)
     fn("kvp_poll", c_int, _c_client_p, P(Cqe_t), u32)
     fn("kvp_wait", c_int, _c_client_p, P(Cqe_t), u32, c_int)
     fn("kvp_overflow", u32, _c_client_p)
     fn("kvp_host_alloc", c_int, ctypes.c_size_t, P(c_int), P(ctypes.c_void_p))
     fn("kvp_host_free", None, c_int, ctypes.c_void_p, ctypes.c_size_t)
     fn("kvp_status_str", c_char_p, c_int)
+    fn("kvp_invalid_str", c_char_p, c_int)
 
 
 def load() -> ctypes.CDLL:

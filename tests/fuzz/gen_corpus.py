@@ -30,7 +30,7 @@ MAX_INFLIGHT = 16
 SECRET = b"fuzz-secret"
 
 # ---- wire format (lib/core/kvp_wire.h) ----
-MAGIC, VERSION = 0x564B, 1
+MAGIC, VERSION = 0x564B, 2
 W_HELLO, W_DATA, W_END, W_ACK, W_ABORT, W_PING, W_PONG = range(1, 8)
 F_AUTH = 1
 
@@ -280,7 +280,7 @@ peers = (
 
 
 # ---- client socket protocol (fuzz_client_ctrl.c) ----
-CTRL_MAGIC, ABI = 0x4B56, 1
+CTRL_MAGIC, ABI = 0x4B56, 2
 C_HELLO, C_REG, C_DEREG, C_PEER = 1, 2, 3, 4
 
 

@@ -227,14 +227,18 @@ KVP_EAL+=("${KVP_EAL_EXTRA_ARR[@]}")
 
 # start_daemon NODE_ID NS: starts kvproxyd in the background (NS empty: on
 # the host); its pid goes to DPID[NODE_ID], its output to $KVP_TMP/NODE_ID.log.
-# KVP_EAL_DECODE: EAL words for decode* daemons only (the benchmarks put
-# their worker lcores on different CPUs, as on two hosts).
+# KVP_EAL_DECODE / KVP_EAL_PREFILL: EAL words for decode* / prefill* daemons
+# only (the benchmarks put their lcores on different CPUs, as on two hosts);
+# with KVP_EAL_NO_LCORES=1 KVP_EAL's "-l 0,1" is left out (those words name
+# the lcores).
 declare -A DPID=()
 start_daemon() {
-	local id=$1 ns=$2 logf="$KVP_TMP/$1.log" extra=()
+	local id=$1 ns=$2 logf="$KVP_TMP/$1.log" extra=() eal=("${KVP_EAL[@]}")
 	KVP_DAEMON_LOGS+=("$logf")
 	[[ $id == decode* ]] && read -r -a extra <<<"${KVP_EAL_DECODE:-}"
-	spawn "$ns" "$logf" - "$KVPROXYD" "${KVP_EAL[@]}" "${extra[@]}" -- -c "$KVP_TMP/$id.conf"
+	[[ $id == prefill* ]] && read -r -a extra <<<"${KVP_EAL_PREFILL:-}"
+	[[ ${KVP_EAL_NO_LCORES:-0} == 1 && ${eal[0]} == -l ]] && eal=("${eal[@]:2}")
+	spawn "$ns" "$logf" - "$KVPROXYD" "${eal[@]}" "${extra[@]}" -- -c "$KVP_TMP/$id.conf"
 	DPID[$id]=$SPAWNED
 	log "started kvproxyd $id (pid ${DPID[$id]}${ns:+, netns $ns})"
 }

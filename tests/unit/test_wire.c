@@ -31,8 +31,31 @@ main(void)
 	h.type = KVP_W_TYPE_MAX;
 	CHECK_EQ(kvp_wire_check(&h, 1 << 20), -EBADMSG);
 
+	/* DATA2D: whole blocks (aux2 bytes each), dst stride (rsvd) >= block, span must not wrap. */
+	kvp_wire_hdr_init(&h, KVP_W_DATA2D, 4096, 7);
+	h.aux2 = 256;
+	h.rsvd = 512;
+	CHECK_EQ(kvp_wire_check(&h, 1 << 20), 0);
+	h.aux2 = 0;
+	CHECK_EQ(kvp_wire_check(&h, 1 << 20), -EBADMSG);
+	h.aux2 = 1000; /* 4096 is not a multiple */
+	CHECK_EQ(kvp_wire_check(&h, 1 << 20), -EBADMSG);
+	h.aux2 = 256;
+	h.rsvd = 255; /* blocks would overlap */
+	CHECK_EQ(kvp_wire_check(&h, 1 << 20), -EBADMSG);
+	h.rsvd = 512;
+	h.off = UINT64_MAX - 4096; /* 16 blocks span 7936 bytes */
+	CHECK_EQ(kvp_wire_check(&h, 1 << 20), -EBADMSG);
+	h.off = 0;
+	h.len = 0;
+	CHECK_EQ(kvp_wire_check(&h, 1 << 20), -EMSGSIZE);
+	h.len = 2u << 20;
+	CHECK_EQ(kvp_wire_check(&h, 1 << 20), -EMSGSIZE);
+
 	/* Control frames carry no payload, or exactly their fixed-size one. */
 	for (uint8_t t = KVP_W_END; t < KVP_W_TYPE_MAX; t++) {
+		if (t == KVP_W_DATA2D)
+			continue;
 		uint32_t want = t == KVP_W_RDMA_QP || t == KVP_W_RDMA_QP_OK ? sizeof(struct kvp_wire_qp)
 				: t == KVP_W_RDMA_GRANT			      ? sizeof(struct kvp_wire_grant)
 									      : 0;
