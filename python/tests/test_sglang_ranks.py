@@ -307,8 +307,10 @@ class DpAttentionTest(unittest.TestCase):
             self.assertEqual(e["code"], "another-rank")
             cleared[rank] = self.coord.wait_event(
                 lambda e, n=rank: e.get("ev") == "cleared" and e["room"] == room and e["rank"] == n, T, f"cleared {rank}")
-        log(f"rank failure mid-transfer: d0 clear() took {cleared['d0']['clear_s'] * 1e3:.2f} ms "
-            f"(fence {cleared['d0']['fence_s']}), {cleared['d0']['landed']} of {cleared['d0']['expected']} bytes landed")
+        f0 = cleared["d0"]["fence_s"]
+        log(f"rank failure mid-transfer: d0 failure_exception() + clear() took {cleared['d0']['clear_s'] * 1e3:.2f} ms "
+            f"(fence {f0 * 1e3 if f0 is not None else float('nan'):.2f} ms), {cleared['d0']['landed']} of "
+            f"{cleared['d0']['expected']} bytes landed")
         self.assertLess(cleared["d0"]["landed"], cleared["d0"]["expected"], "d0 was not mid-transfer")
         self.coord.command("p0", {"op": "stall", "room": room, "resume": True})  # the prefill side sends on
         for rank in ("p0", "p1"):
