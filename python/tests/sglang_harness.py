@@ -201,14 +201,20 @@ class Coordinator:
                 return self.seen
             self.seen.append(e)
 
-    def close(self) -> None:
+    def close(self, timeout: float = 30.0) -> None:
+        """Every rank exits at its group's next barrier (not in the middle of an
+        all-reduce); bounded, then the coordinator stops."""
+        for g in self.groups:
+            self.command(g, {"op": "exit"})
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self._lock:
+                if not self.conns:
+                    break
+            e = self._next_event(0.05)
+            if e is not None:
+                self.seen.append(e)
         self._stop = True
-        with self._lock:
-            for c in self.conns.values():
-                try:
-                    c.send(("cmds", [{"op": "exit"}]))
-                except OSError:
-                    pass
         try:
             self.listener.close()
         except OSError:
@@ -566,7 +572,7 @@ class Rank:
                 elif poll == SUCCESS:
                     bad = self.check(req)
                     r.clear()
-                    self.event({"ev": "done", "room": req["room"], "bad": bad, "t_init": r.t_init})
+                    self.event({"ev": "done", "room": req["room"], "bad": bad, "t_init": r.t_init, "t_meta": r._t_meta})
                 elif poll in (BOOTSTRAPPING, WAITING, TRANSFERRING):
                     keep.append(req)
                     if poll == TRANSFERRING and r._landed_bytes and not req.get("progress"):
