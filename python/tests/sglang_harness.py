@@ -35,7 +35,6 @@ import argparse
 import ctypes
 import hashlib
 import json
-import os
 import queue
 import struct
 import sys

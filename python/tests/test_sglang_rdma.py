@@ -142,7 +142,6 @@ class RdmaFenceTest(unittest.TestCase):
         once the fence holds (grants revoked, posted WRITEs completed), and no
         byte lands after it returned."""
         import ctypes
-        import threading
 
         boot = ks.KvproxyKVBootstrapServer("127.0.0.1", 0)
         pkv, dkv = ts.PagedKV(1, 128, item_k=1 << 20), ts.PagedKV(1, 128, item_k=1 << 20)
