@@ -26,7 +26,7 @@ import threading
 from collections import deque
 from typing import Any, Callable, Deque, Dict, Optional, Tuple
 
-__all__ = ["Channel", "Conn"]
+__all__ = ["Channel", "Conn", "DEAD_PEER_S"]
 
 log = logging.getLogger("kvproxy.sglang")
 
@@ -74,10 +74,15 @@ def _encode(msg: Dict[str, Any]) -> bytes:
     return _HDR.pack(len(body)) + body
 
 
+# A dead peer (host gone, half-open connection) is noticed this soon even on
+# an idle connection: TCP keepalive 10 s idle + 5 probes 2 s apart. The decode
+# side's fences hold at least this long past a transfer's deadline.
+DEAD_PEER_S = 20.0
+
+
 def _keepalive(s: socket.socket) -> None:
-    """A dead peer host is noticed within about a minute even when idle."""
     s.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-    for opt, v in (("TCP_KEEPIDLE", 30), ("TCP_KEEPINTVL", 5), ("TCP_KEEPCNT", 6)):
+    for opt, v in (("TCP_KEEPIDLE", 10), ("TCP_KEEPINTVL", 2), ("TCP_KEEPCNT", 5)):
         if hasattr(socket, opt):
             s.setsockopt(socket.IPPROTO_TCP, getattr(socket, opt), v)
     s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

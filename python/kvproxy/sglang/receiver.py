@@ -36,7 +36,7 @@ from .._client import Completion
 from .._errors import KvproxyError, RingFull
 from ._common import FENCE_MASK, FINAL, PIECE_BITS, PROTO_VERSION, TAG_BITS, KVPoll, RequestBase, has_items, int_list, runs
 from .bootstrap import PrefillInfo, RegistryError, registry_call
-from .channel import Channel, Conn
+from .channel import DEAD_PEER_S, Channel, Conn
 from .topology import layout_mismatch, split_hostport
 
 __all__ = ["KvproxyKVReceiver", "DecodeSide"]
@@ -204,8 +204,14 @@ class DecodeSide:
             r._fence_id = next(self._fence_ids)
             self.fences[r._fence_id] = r
         r._t_fence = time.monotonic()
+        # How long the fence must refuse the request's bytes: the prefill side
+        # submits nothing more once it has the abort or saw the channel close
+        # (at most DEAD_PEER_S for a dead peer), and each transfer it already
+        # submitted ends by its deadline.
+        cfg = self.mgr.config
+        hold = DEAD_PEER_S + (cfg.transfer_timeout or _DEFAULT_TRANSFER_TIMEOUT) + _LAND_SLACK
         try:
-            self.mgr.client.fence(r.tag << PIECE_BITS, FENCE_MASK, r._fence_id)
+            self.mgr.client.fence(r.tag << PIECE_BITS, FENCE_MASK, r._fence_id, hold=hold)
             r._fence_retry = False
         except RingFull:
             r._fence_retry = True  # the reaper tries again within a tick

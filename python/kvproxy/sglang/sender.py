@@ -445,9 +445,9 @@ class KvproxyKVSender(RequestBase):
             if within is not None:
                 self._submit_by = arrived + int(within) / 1000
             if xfer_ms is not None:
+                # No transfer outlives what the decode side assumes (its fence holds that long).
                 self._land_by = self._submit_by + int(xfer_ms) / 1000
-                if self._xfer_timeout is None:
-                    self._xfer_timeout = int(xfer_ms) / 1000
+                self._xfer_timeout = min(self._xfer_timeout or math.inf, int(xfer_ms) / 1000)
         except (KeyError, TypeError, ValueError) as e:
             self._fail_locked("protocol", f"bad metadata from the decode side: {e}")
             return
