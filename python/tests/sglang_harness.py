@@ -293,7 +293,9 @@ class Rank:
         self.snapshots: Dict[int, Dict[str, Any]] = {}
         self.ensure_last: Dict[str, float] = {}
         self.ensure_tries: Dict[str, int] = {}
-        self.event({"ev": "up", "tp": self.tp})
+        if cfg["role"] == "prefill" and not self.mgr.side.registered.wait(60):
+            raise RuntimeError(f"{self.name} did not register at its bootstrap server within 60 s")
+        self.event({"ev": "up", "tp": self.tp})  # a prefill server is ready once its ranks registered
 
     # ---- coordinator calls ----
 
