@@ -63,6 +63,13 @@ fence_done(struct kvp_worker *w, struct kvp_fence *f, uint64_t now, int status)
 	ch->inflight--;
 }
 
+/* What may still land for f: the transport knows; one without the op lands nothing late. */
+static uint32_t
+landings(struct kvp_worker *w, const struct kvp_fence *f, bool force)
+{
+	return w->tops->fence ? w->tops->fence(w->tctx, f, force) : 0;
+}
+
 static void
 fence_free(struct kvp_worker *w, uint32_t i)
 {
@@ -102,7 +109,7 @@ fence_add(struct kvp_worker *w, struct kvp_chan *ch, const struct kvp_sqe_fence 
 	w->fences_pending++;
 	ch->inflight++;
 	KVP_STAT_ADD(w->stats.fences, 1);
-	if (w->tops->fence(w->tctx, f, false) == 0)
+	if (landings(w, f, false) == 0)
 		fence_done(w, f, now, KVP_OK);
 }
 
@@ -123,7 +130,7 @@ fence_timers(struct kvp_worker *w, uint64_t now)
 				f->forced = true;
 				KVP_STAT_ADD(w->stats.fences_forced, 1);
 			}
-			if (w->tops->fence(w->tctx, f, force) == 0) {
+			if (landings(w, f, force) == 0) {
 				fence_done(w, f, now, KVP_OK);
 				work++;
 			} else if (age >= 4 * force_ns) {

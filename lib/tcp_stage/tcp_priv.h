@@ -24,6 +24,8 @@
 /* Bytes the recv linked behind a direct one asks for: the next header and a little more. */
 #define RECV_NEXT_LEN (4u << 10)
 #define NO_XFER		UINT32_MAX
+/* Strided source blocks at least this large go out by iovec; smaller ones are copied together. */
+#define GATHER_IOV_MIN (4u << 10)
 
 enum conn_state {
 	CONN_FREE = 0,

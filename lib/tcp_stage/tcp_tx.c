@@ -94,22 +94,31 @@ static bool
 frame_data(struct tcp_ctx *t, struct tcp_conn *c, struct kvp_xfer *x)
 {
 	const struct kvp_seg *s = &x->segs[x->t_seg];
-	bool staged = (s->src->flags & KVP_REGION_F_STAGE) != 0;
-	uint64_t limit = staged && t->stage.buf_size < t->frame_max ? t->stage.buf_size
-								       : t->frame_max;
-	/* A gathered payload takes one iovec per block; its header one more. */
-	uint64_t max_blocks = !staged && s->src_stride != s->len ? t->iov_max - 2 : UINT64_MAX;
-	/* DATA2D carries its stride and block in 32 bits. */
-	if (s->count > 1 && (s->dst_stride > UINT32_MAX || s->len > UINT32_MAX))
-		max_blocks = 1;
-	struct kvp_piece p;
+	bool strided = s->count > 1 && s->src_stride != s->len;
+	/*
+	 * Small strided blocks are gathered by a copy into a staging buffer:
+	 * an iovec each would cut sends to iov_max blocks (measured: 256-byte
+	 * head slices at a third of the contiguous rate).
+	 */
+	bool must_stage = (s->src->flags & KVP_REGION_F_STAGE) != 0;
+	bool staged = must_stage || (strided && s->len < GATHER_IOV_MIN);
 	int32_t b = -1;
 
 	if (staged) {
 		b = stage_get(&t->stage, &t->w->stats, STAGE_TX);
-		if (b < 0)
+		/* Host memory never waits for a buffer: its blocks go by iovec then. */
+		if (b < 0 && must_stage)
 			return false;
+		staged = b >= 0;
 	}
+	uint64_t limit = staged && t->stage.buf_size < t->frame_max ? t->stage.buf_size
+								       : t->frame_max;
+	/* A gathered payload takes one iovec per block; its header one more. */
+	uint64_t max_blocks = !staged && strided ? t->iov_max - 2 : UINT64_MAX;
+	/* DATA2D carries its stride and block in 32 bits. */
+	if (s->count > 1 && (s->dst_stride > UINT32_MAX || s->len > UINT32_MAX))
+		max_blocks = 1;
+	struct kvp_piece p;
 	kvp_plan_next(x, limit, max_blocks, 0, &p);
 	uint64_t bytes = p.len * p.nblk;
 	bool scatter = p.nblk > 1 && p.dst_stride != p.len;

@@ -18,7 +18,10 @@
  *  - a producer index the daemon cannot trust marks the channel broken at
  *    the next poll, and a broken channel is never read again;
  *  - every transfer picked up (and every admission refusal) produces exactly
- *    one completion, unless the channel broke;
+ *    one completion, unless the channel broke; strided segments (SEG2D) are
+ *    predicted by the rules restated here, every block inside the region;
+ *  - every fence the client submits gets exactly one FENCE completion, once
+ *    the transport says nothing can land (or it was refused);
  *  - at the end every transfer slot, region reference, control message and
  *    fd is back.
  */
@@ -72,6 +75,9 @@ static unsigned nowed;
 
 static uint8_t expect_of[MAX_OPS]; /* built transfers, by uid - UID_TAG */
 static unsigned nbuilt;
+static unsigned fences_sent, fences_done; /* FENCE entries published / completed */
+static unsigned fence_busy_calls;	  /* the stub's fence op: busy for this many calls */
+static bool winding;			  /* end of input: the stub lets every fence hold */
 
 /* Everything the transport is handed must be a validated transfer. */
 static void
@@ -91,16 +97,24 @@ check_posted(const struct kvp_xfer *x)
 			    "segment %u reads region of client %#x for client %#x", i,
 			    s->src->owner, x->chan->id);
 		FUZZ_ASSERT(s->src == reg_own, "segment %u: not the client's region", i);
-		FUZZ_ASSERT(kvp_region_contains(s->src, s->src_off, s->len),
-			    "segment %u [%" PRIu64 ", +%" PRIu64 ") outside the region", i,
-			    s->src_off, s->len);
-		FUZZ_ASSERT(s->dst_key != 0 && s->dst_off + s->len >= s->dst_off,
+		FUZZ_ASSERT(s->count >= 1 && s->count <= node.cfg.max_blocks, "segment %u: %" PRIu64
+			    " blocks", i, s->count);
+		FUZZ_ASSERT(s->count == 1 || (s->src_stride >= s->len && s->dst_stride >= s->len),
+			    "segment %u: overlapping blocks", i);
+		/* Small values by construction of the checks: no overflow here. */
+		uint64_t last = (s->count - 1) * s->src_stride;
+		FUZZ_ASSERT(kvp_region_contains(s->src, s->src_off + last, s->len) &&
+				    s->src_off + last >= s->src_off,
+			    "segment %u [%" PRIu64 ", +%" PRIu64 " x %" PRIu64 ") outside the region",
+			    i, s->src_off, s->len, s->count);
+		FUZZ_ASSERT(s->dst_key != 0 &&
+				    s->dst_off + (s->count - 1) * s->dst_stride + s->len >= s->dst_off,
 			    "segment %u: bad destination", i);
-		/* Touch both ends: outside the mapping this faults. */
+		/* Touch both ends of the first and the last block: outside the mapping this faults. */
 		volatile const uint8_t *b = s->src->base;
 		(void)b[s->src_off];
-		(void)b[s->src_off + s->len - 1];
-		bytes += s->len;
+		(void)b[s->src_off + last + s->len - 1];
+		bytes += s->len * s->count;
 	}
 	FUZZ_ASSERT(bytes == x->bytes, "bytes %" PRIu64 " vs segments %" PRIu64, x->bytes, bytes);
 }
@@ -162,6 +176,19 @@ stub_cancel(void *tctx, struct kvp_xfer *x, int status)
 	stub_end(x, status);
 }
 
+/* Landings may still happen for a while (as the input said); forced or winding down, none. */
+static uint32_t
+stub_fence(void *tctx, const struct kvp_fence *f, bool force)
+{
+	(void)tctx;
+	FUZZ_ASSERT(f->mask != 0 && (f->value & ~f->mask) == 0 && f->owner == CLIENT_ID,
+		    "fence %#" PRIx64 "/%#" PRIx64 " of client %#x", f->value, f->mask, f->owner);
+	if (force || winding || fence_busy_calls == 0)
+		return 0;
+	fence_busy_calls--;
+	return 1;
+}
+
 static uint64_t
 add_region(int fd, uint32_t owner, uint32_t flags)
 {
@@ -187,6 +214,7 @@ LLVMFuzzerInitialize(int *argc, char ***argv)
 	stub_ops.name = "stub";
 	stub_ops.post = stub_post;
 	stub_ops.cancel = stub_cancel;
+	stub_ops.fence = stub_fence;
 	fuzz_node_init(&node, &cfg, &stub_ops);
 	w = &node.workers[0];
 
@@ -260,6 +288,21 @@ pick_u64(struct fuzz_in *in, uint64_t region_len)
 	}
 }
 
+/* The daemon's rules for one strided segment, restated: true if it must be accepted. */
+static bool
+seg2d_ok(const struct kvp_sqe_seg2d *s)
+{
+	if (s->len == 0 || s->count == 0 || s->count > node.cfg.max_blocks || s->dst_key == 0 ||
+	    s->src_key != key_own)
+		return false;
+	unsigned __int128 n = s->count - 1;
+	unsigned __int128 sspan = n * s->src_stride + s->len, dspan = n * s->dst_stride + s->len;
+	if (s->count > 1 && (s->src_stride < s->len || s->dst_stride < s->len))
+		return false;
+	return sspan <= UINT64_MAX && dspan <= UINT64_MAX && s->src_off <= REG_LEN &&
+	       sspan <= REG_LEN - s->src_off && (unsigned __int128)s->dst_off + dspan <= UINT64_MAX;
+}
+
 /* A transfer built through the ABI, with a predicted outcome. */
 static void
 op_xfer(struct client *c, struct fuzz_in *in)
@@ -309,16 +352,34 @@ op_xfer(struct client *c, struct fuzz_in *in)
 	for (uint32_t i = 0; i < nseg; i++) {
 		struct kvp_sqe_seg *s = &e[1 + i];
 		enum seg_src src;
+		uint8_t kind = fuzz_u8(in) % 16;
 
-		s->op = fuzz_u8(in) % 16 == 0 ? (uint8_t)fuzz_u8(in) : KVP_OP_SEG;
+		s->op = kind == 0 ? (uint8_t)fuzz_u8(in) : kind >= 5 && kind < 9 ? KVP_OP_SEG2D : KVP_OP_SEG;
 		s->src_key = pick_key(in, &src);
 		s->src_off = pick_u64(in, REG_LEN);
 		s->len = pick_u64(in, REG_LEN);
 		s->dst_key = fuzz_u8(in) % 8 == 0 ? 0 : 0x1234000000000001ull;
 		s->dst_off = pick_u64(in, REG_LEN);
-		bool ok = s->op == KVP_OP_SEG && s->src_key == key_own && s->len > 0 &&
-			  s->src_off <= REG_LEN && s->len <= REG_LEN - s->src_off &&
-			  s->dst_key != 0 && s->dst_off + s->len >= s->dst_off;
+		bool ok;
+		if (s->op == KVP_OP_SEG2D) {
+			struct kvp_sqe_seg2d *g = (struct kvp_sqe_seg2d *)s;
+
+			/* Small shapes mostly, edge values sometimes. */
+			g->len = fuzz_u8(in) % 4 == 0 ? pick_u64(in, REG_LEN) : 1u + fuzz_u8(in);
+			g->count = fuzz_u8(in) % 8 == 0 ? (uint32_t)fuzz_bytes_le(in, 4)
+							 : fuzz_u8(in) % 64u;
+			g->src_stride = fuzz_u8(in) % 8 == 0 ? pick_u64(in, REG_LEN)
+							     : g->len + fuzz_u8(in) % 64u;
+			g->dst_stride = fuzz_u8(in) % 8 == 0 ? pick_u64(in, REG_LEN)
+							     : g->len + fuzz_u8(in) % 64u;
+			if (fuzz_u8(in) % 4 == 0)
+				g->src_off = fuzz_u8(in);
+			ok = seg2d_ok(g);
+		} else {
+			ok = s->op == KVP_OP_SEG && s->src_key == key_own && s->len > 0 &&
+			     s->src_off <= REG_LEN && s->len <= REG_LEN - s->src_off &&
+			     s->dst_key != 0 && s->dst_off + s->len >= s->dst_off;
+		}
 		valid = valid && ok;
 	}
 	int rc = kvp_ring_enqueue_bulk(&c->sq, e, 1 + nseg);
@@ -368,10 +429,19 @@ op_prod(struct client *c, struct fuzz_in *in)
 static void
 check_cqe(struct client *c, const struct kvp_cqe *e)
 {
-	c->cqes++;
 	/* After CQ tampering the client reads stale or never-written slots. */
-	if (!c->cq_clean)
+	if (!c->cq_clean) {
+		c->cqes++;
 		return;
+	}
+	if (e->kind == KVP_CQE_FENCE) {
+		FUZZ_ASSERT(e->status == KVP_OK || e->status == KVP_EINVAL ||
+				    e->status == KVP_ENOBUFS,
+			    "fence %#" PRIx64 " ended %s", e->user_id, kvp_status_str(e->status));
+		fences_done++;
+		return;
+	}
+	c->cqes++;
 	FUZZ_ASSERT(e->kind == KVP_CQE_DONE, "unexpected CQE kind %u", e->kind);
 	FUZZ_ASSERT(e->status >= 0 && e->status < KVP_STATUS_MAX, "status %d", e->status);
 	if (e->status == KVP_OK) {
@@ -460,6 +530,23 @@ op_cancel(struct client *c, struct fuzz_in *in)
 	kvp_ring_enqueue_bulk(&c->sq, &h, 1);
 }
 
+/* A fence on this client's landings; mask 0 sometimes (refused). */
+static void
+op_fence(struct client *c, struct fuzz_in *in)
+{
+	struct kvp_sqe_fence f;
+
+	memset(&f, 0, sizeof(f));
+	f.op = KVP_OP_FENCE;
+	f.fence_id = fences_sent;
+	f.mask = fuzz_u8(in) % 8 == 0 ? 0 : fuzz_bytes_le(in, 8) | 1;
+	f.value = fuzz_bytes_le(in, 8) & f.mask;
+	f.hold_ms = fuzz_u8(in) % 3;
+	fence_busy_calls = fuzz_u8(in) % 3;
+	if (kvp_ring_enqueue_bulk(&c->sq, &f, 1) > 0)
+		fences_sent++;
+}
+
 static void
 op_complete(struct fuzz_in *in)
 {
@@ -519,6 +606,9 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	nowed = 0;
 	nbuilt = 0;
 	npend = 0;
+	fences_sent = fences_done = 0;
+	fence_busy_calls = 0;
+	winding = false;
 	cur_in = &in;
 	w->peer_links[0] = 1;
 
@@ -542,7 +632,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	for (int ops = 0; ops < MAX_OPS && fuzz_more(&in); ops++) {
 		uint8_t op = fuzz_u8(&in);
 
-		switch (op % 12) {
+		switch (op % 13) {
 		case 0:
 			op_raw(&c, &in);
 			break;
@@ -582,11 +672,15 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 				break;
 			}
 			break;
+		case 12:
+			op_fence(&c, &in);
+			break;
 		default:
 			atomic_store(&c.hdr->cq.need_wakeup, fuzz_u8(&in) & 1);
 			break;
 		}
 	}
+	winding = true;
 
 	/*
 	 * Wind down as a well-behaved client and transport would: the transport
@@ -595,7 +689,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	 */
 	for (int round = 0; round < 256; round++) {
 		uint32_t sq_cons = atomic_load(&c.hdr->sq.cons);
-		uint64_t cqes = c.cqes;
+		uint64_t cqes = c.cqes + fences_done;
 		bool had = npend != 0;
 
 		while (npend)
@@ -604,7 +698,8 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		op_cq_read(&c, 16);
 		timers(kvp_mono_ns());
 		op_cq_read(&c, 16);
-		if (!had && npend == 0 && cqes == c.cqes && sq_cons == atomic_load(&c.hdr->sq.cons))
+		if (!had && npend == 0 && cqes == c.cqes + fences_done &&
+		    sq_cons == atomic_load(&c.hdr->sq.cons))
 			break;
 	}
 	while (npend)
@@ -624,6 +719,9 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			    " refusals",
 			    c.cqes, picked, refused);
 		FUZZ_ASSERT(nowed == 0, "%u successful transfers never completed", nowed);
+		if (c.sq_clean)
+			FUZZ_ASSERT(fences_done == fences_sent, "%u fences, %u fence completions",
+				    fences_sent, fences_done);
 	}
 	FUZZ_ASSERT(c.ch->inflight == 0, "channel still counts %u in flight", c.ch->inflight);
 	/* A channel that broke outside a poll (CQ tampering seen by a timer) is reported at the next one. */

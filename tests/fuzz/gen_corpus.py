@@ -39,6 +39,13 @@ def hdr(type_, length=0, tag=0, key_=0, off=0, aux=0, aux2=0, magic=MAGIC, versi
     return struct.pack("<HBBIQQQQII", magic, version, type_, length, tag, key_, off, aux, aux2, 0)
 
 
+W_DATA2D = 14
+
+
+def hdr2d(length, tag, key_, off, blk, stride, aux=0):
+    return struct.pack("<HBBIQQQQII", MAGIC, VERSION, W_DATA2D, length, tag, key_, off, aux, blk, stride)
+
+
 def hello(node_id, to_node, epoch=1, max_inflight=MAX_INFLIGHT, frame_max=65536, status=0,
           flags=0, nonce=bytes(32), mac=bytes(32)):
     body = struct.pack("<32s32sQIIII32s32s", node_id.encode(), to_node.encode(), epoch,
@@ -148,11 +155,18 @@ def gen_wire_rx():
     write(t, "out_ack_remote", b"\x01" + chunks_rx(hdr(W_ACK, 0, 0, aux=6) + hdr(W_PONG)))
     write(t, "out_ack_stale", b"\x01" + chunks_rx(hdr(W_ACK, 0, 5 << 32) + hdr(W_PING, 0, 1)))
     write(t, "out_data_unexpected", b"\x01" + chunks_rx(hdr(W_DATA, 8, 0, direct) + bytes(8)))
+    # DATA2D: 16 blocks of 256 bytes landing 1000 apart, in place and staged; one out of bounds
+    blocks = bytes((i * 11) & 0xFF for i in range(4096))
+    for name, k, ck in (("in_2d_direct", direct, None), ("in_2d_staged", staged, 700)):
+        s = hdr2d(len(blocks), 0x106, k, 10, 256, 1000) + blocks + hdr(W_END, 0, 0x106, k, 4096, 6, 1)
+        write(t, name, b"\0" + chunks_rx(s, ck))
+    s = hdr2d(4096, 0x107, direct, 190000, 256, 1000) + blocks + hdr(W_END, 0, 0x107, direct, 4096, 7, 1)
+    write(t, "in_2d_out_of_bounds", b"\0" + chunks_rx(s))
 
 
 # ---- ring harness (fuzz_ring.c) ----
-OP_RAW, OP_XFER, OP_PROD, OP_POLL, OP_CQREAD, OP_CQCONS, OP_COMPLETE, OP_CANCEL, OP_TIMER, OP_WAKE = \
-    0, 1, 3, 4, 6, 7, 8, 9, 10, 11
+OP_RAW, OP_XFER, OP_PROD, OP_POLL, OP_CQREAD, OP_CQCONS, OP_COMPLETE, OP_CANCEL, OP_TIMER, OP_WAKE, \
+    OP_FENCE = 0, 1, 3, 4, 6, 7, 8, 9, 10, 11, 12
 SRC_OWN, SRC_OTHER, SRC_GONE, SRC_OLDGEN, SRC_RANDOM, SRC_ZERO = range(6)
 
 
@@ -168,6 +182,19 @@ def seg(src=SRC_OWN, off=0, length=256, dst=True, dst_off=0, bad_op=False):
     b += bytes([1 if dst else 0])
     b += u16(dst_off)
     return b
+
+
+def seg2d(length=16, count=8, sstride=32, dstride=16, src_off=None):
+    """A strided segment (kind byte 5), small shape: len 1 + byte, count byte % 64,
+    strides len + byte % 64; src_off small when given."""
+    b = bytes([5, SRC_OWN]) + u16(0) + u16(256) + bytes([1]) + u16(0)
+    b += bytes([1, length - 1, 1, count, 1, sstride - length, 1, dstride - length])
+    b += bytes([0, src_off]) if src_off is not None else bytes([1])
+    return b
+
+
+def fence(mask=0xFFFFFFFFFFFF0000, value=0x10000, hold=1, busy=0):
+    return bytes([OP_FENCE, 1]) + struct.pack("<Q", mask) + struct.pack("<Q", value) + bytes([hold, busy])
 
 
 def xfer(segs, peer=0, timeout=3, submit=3):
@@ -215,6 +242,16 @@ def gen_ring():
                                                                    OP_COMPLETE, 1, 0, 0, OP_TIMER, 0, OP_POLL])))
     write(t, "cq_cons_forward", ring(body=ok + bytes([OP_CQCONS, 1, 40, OP_POLL, 0, OP_POLL])))
     write(t, "wakeup", ring(body=bytes([OP_WAKE, 1]) + ok + bytes([OP_POLL, 0, OP_CQREAD, 15])))
+    # strided segments: a few shapes, one overlapping (stride < block), one beyond the region
+    write(t, "seg2d", ring(body=xfer([seg2d(), seg2d(64, 40, 100, 64, 7), seg()])
+                           + bytes([OP_POLL, 0, OP_CQREAD, 15])))
+    write(t, "seg2d_bad", ring(body=xfer([seg2d(length=64, sstride=64, dstride=64)])
+                               + xfer([seg2d(length=200, count=63, sstride=250, dstride=250)])
+                               + bytes([OP_POLL, 0, OP_POLL, 0, OP_CQREAD, 15])))
+    # fences: held at once, busy for two timer ticks, refused with mask 0
+    write(t, "fence", ring(body=fence() + fence(busy=2) + bytes([OP_POLL, OP_TIMER, 0, OP_TIMER, 0,
+                                                                   OP_CQREAD, 15])
+                           + bytes([OP_FENCE, 0]) + bytes(17) + bytes([OP_POLL, OP_CQREAD, 15])))
 
 
 def gen_admin():

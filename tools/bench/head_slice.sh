@@ -35,7 +35,7 @@ source "$ROOT/tests/integ/lib.sh"
 KVP_TEST=bench_head_slice
 require_bins
 init_test
-CONF='limits = { max_blocks = 65536; }; stage = { pool = 134217728; buffer = 4194304; };'
+CONF='limits = { max_blocks = 65536; }; stage = { pool = 134217728; };'
 if [[ $GPU == 1 ]]; then
 	# Each daemon's main and worker lcores on CPUs of their own (prefill 0,1; decode 2,3).
 	export KVP_EAL_NO_LCORES=1 KVP_EAL_PREFILL="-l 0,1" KVP_EAL_DECODE="-l 2,3"
