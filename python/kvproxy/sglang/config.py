@@ -27,7 +27,8 @@ class KvproxyConfig:
     Attributes:
         socket: the local kvproxyd's ``client_socket`` (``KVPROXY_SOCKET``);
             ``{engine_rank}`` and ``{gpu_id}`` are replaced, for one daemon
-            per GPU. Required.
+            per GPU (``{gpu_id}``: with DP attention a decode server's
+            ``engine_rank`` repeats in every DP group). Required.
         transfer_timeout: deadline of each kvproxy transfer in seconds
             (``KVPROXY_TRANSFER_TIMEOUT``); None: the daemon's ``timeouts.default_ms``.
         bootstrap_timeout: seconds a request may stay in ``Bootstrapping``
@@ -72,8 +73,8 @@ class KvproxyConfig:
         "sq_entries": (("KVPROXY_SQ_ENTRIES",), "ring"),
         "cq_entries": (("KVPROXY_CQ_ENTRIES",), "ring"),
     }
-    # KVPROXY_* variables that belong to the binding, not to this adapter.
-    _OTHERS = ("KVPROXY_LIB",)
+    # KVPROXY_* variables of the binding and the tools, not of this adapter.
+    _OTHERS = ("KVPROXY_LIB", "KVPROXY_BENCH", "KVPROXY_ADMIN")
 
     @classmethod
     def variables(cls) -> Tuple[str, ...]:
