@@ -264,6 +264,8 @@ class DecodeSide:
                 what = "the prefill rank never answered" if r._state == KVPoll.Bootstrapping else "no send_metadata()"
                 r._give_up_locked("bootstrap-timeout", f"{what} within {cfg.bootstrap_timeout:g} s "
                                   f"(bootstrap server {r.bootstrap_addr})")
+            elif r._state == KVPoll.Transferring and r._complete():
+                r._finish_locked()  # sglang reads the aux row only after Success: copying it here is safe
             elif r._state == KVPoll.Transferring and r._t_meta is not None and now - r._t_meta > cfg.waiting_timeout:
                 r._give_up_locked("waiting-timeout", f"{r._landed_bytes} of {r._expected} bytes landed within "
                                   f"{cfg.waiting_timeout:g} s")
@@ -489,10 +491,14 @@ class KvproxyKVReceiver(RequestBase):
     def poll(self) -> KVPoll:
         """The request's state (``Transferring`` while a give-up waits for its fence)."""
         with self.kv_mgr._lock:
-            if self._state == KVPoll.Transferring and self._ending is None and self._expected is not None and (
-                    self._landed_bytes >= self._expected or self._prefill_done):
+            if self._state == KVPoll.Transferring and self._complete():
                 self._finish_locked()
             return self._state
+
+    def _complete(self) -> bool:
+        """Every expected byte landed (or the prefill side reported success) and no give-up is under way."""
+        return self._ending is None and self._expected is not None and (
+            self._landed_bytes >= self._expected or self._prefill_done)
 
     def failure_exception(self) -> None:
         """Raise the request's :class:`KVTransferError`. sglang calls it when the
