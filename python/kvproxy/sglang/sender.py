@@ -43,6 +43,27 @@ def _event_done(ev: Any) -> bool:
         return True
 
 
+def _leader_port(sa: Any) -> Optional[int]:
+    """On a multi-node prefill server, world rank 0's bootstrap port, as sglang's
+    own managers agree on it (launchers may reserve a different free port per
+    host; the bootstrap server listens on rank 0's). Every prefill rank builds
+    its manager at the same point of its start-up, so this collective matches
+    up across ranks as sglang's does. None: single node, or no sglang."""
+    if not getattr(sa, "dist_init_addr", None) or int(getattr(sa, "nnodes", 1) or 1) <= 1:
+        return None
+    try:
+        import torch.distributed as dist  # type: ignore[import-not-found]
+        from sglang.srt.distributed import get_world_group  # type: ignore[import-not-found]
+
+        if not (dist.is_available() and dist.is_initialized()):
+            return None
+        port = int(get_world_group().broadcast_object(int(sa.disaggregation_bootstrap_port), src=0))
+    except Exception as e:  # noqa: BLE001 - not sglang's processes: the configured port
+        log.debug("kvproxy prefill: no bootstrap port from world rank 0 (%s)", e)
+        return None
+    return port
+
+
 class _Piece:
     """One kvproxy transfer of a request."""
 
@@ -76,7 +97,7 @@ class PrefillSide:
         self.peers: Dict[str, int] = {}
         self.lb_method = str(getattr(sa, "load_balance_method", None) or "follow_bootstrap_room")
         self.dp_size = int(getattr(sa, "dp_size", 1) or 1)
-        self.registry = registry_addr(sa)
+        self.registry = registry_addr(sa, _leader_port(sa))
         if not self.registry:
             raise ValueError("prefill manager: server_args.disaggregation_bootstrap_port is not set")
         self.rank_ip = advertised_ip(mgr.config.host_ip, self.registry)

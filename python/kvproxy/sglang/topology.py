@@ -143,14 +143,15 @@ def _loopback_for(host: Optional[str]) -> str:
     return host.strip("[]")
 
 
-def registry_addr(server_args: Any) -> Optional[str]:
+def registry_addr(server_args: Any, port: Optional[int] = None) -> Optional[str]:
     """``host:port`` of the bootstrap server this prefill worker registers with.
 
     As sglang's own managers do: the host of ``dist_init_addr`` for a
     multi-node server (the bootstrap server runs where rank 0 and the
     tokenizer manager run), else ``host``; a wildcard host becomes loopback.
+    ``port`` overrides ``disaggregation_bootstrap_port`` (world rank 0's).
     """
-    port = getattr(server_args, "disaggregation_bootstrap_port", None)
+    port = port or getattr(server_args, "disaggregation_bootstrap_port", None)
     if not port:
         return None
     dist = getattr(server_args, "dist_init_addr", None)
