@@ -625,8 +625,10 @@ class SglangAdapterTest(unittest.TestCase):
                 outstanding = receiver._expected - receiver._landed_bytes
                 self.assertLess(receiver._landed_bytes, receiver._expected, "the transfer ended before the abort")
                 aborter.start()
-                e = failure_of(sender)  # the prefill manager saw the abort and cancelled
-                self.assertEqual(e.code, "aborted-by-decode")
+                # The prefill manager saw the abort and cancelled, or the decode
+                # side's fence refused a transfer of it before the abort arrived.
+                e = failure_of(sender)
+                self.assertIn(e.code, ("aborted-by-decode", "remote"))
                 if fenced:
                     self.assertTrue(done.wait(XFER_TIMEOUT), "abort() did not return with the fence")
                 elif freeze:

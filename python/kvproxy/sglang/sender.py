@@ -540,8 +540,10 @@ class KvproxyKVSender(RequestBase):
             self._settle_locked()
             return
         dst = self._meta.get("node_id") if self._meta else "?"
+        hint = " (the decode side refused it: it gave the request up and fenced it, or the region is gone)" \
+            if c.status_name == "remote" else ""
         if not self._fail_locked(c.status_name, f"kvproxy transfer {c.user_id:#x} ({c.nseg} segments) from "
-                                 f"{self.kv_mgr.node_id} to {dst} ended with status {c.status_name}", completion=c):
+                                 f"{self.kv_mgr.node_id} to {dst} ended with status {c.status_name}{hint}", completion=c):
             self._settle_locked()
 
     # ---- sglang's calls ----
