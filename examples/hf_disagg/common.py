@@ -259,6 +259,21 @@ class Pool:
         return int(self.kv.count_nonzero()) - int(self.gather(pages, len(pages) * self.page).count_nonzero())
 
 
+def digest(kv: Any) -> int:
+    """A position-weighted sum of the raw bits of a request's KV ([L, 2, n,
+    heads, dim]): equal on both sides only if every byte moved exactly,
+    whatever the model computes from them."""
+    import torch
+
+    bits = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[kv.element_size()]
+    total = 0
+    for layer in kv:  # a layer at a time: bounded temporary memory
+        x = layer.contiguous().view(bits).reshape(-1).long()
+        w = torch.arange(x.numel(), device=x.device) % 65521 + 1
+        total = (total * 1000003 + int((x * w).sum())) % (1 << 61)
+    return total
+
+
 def to_layers(kv: Any) -> List[Tuple[Any, Any]]:
     """[L, 2, n, heads, dim] -> (K, V) per layer as a transformers cache holds them."""
     return [(kv[i, 0].transpose(0, 1)[None], kv[i, 1].transpose(0, 1)[None]) for i in range(kv.shape[0])]

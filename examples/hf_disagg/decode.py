@@ -67,7 +67,8 @@ def main() -> int:
         if a.rank > 0:
             with ph("hand heads to rank 0"):
                 mailbox.put_tensor(f"{i}.heads.{a.rank}", pool.gather(pages, n))
-            mailbox.put(f"{i}.landed.{a.rank}", {"landed": landed, "phases": ph.items, "outside": outside})
+            mailbox.put(f"{i}.landed.{a.rank}", {"landed": landed, "phases": ph.items, "outside": outside,
+                                                 "digest": C.digest(pool.gather(pages, n))})
             pool.clear(pages)
             continue
 
@@ -90,16 +91,19 @@ def main() -> int:
         logit_diff = float((logits - ref_logits).abs().max())
         others = [mailbox.get(f"{i}.landed.{r}", a.timeout) for r in range(1, a.ranks)]
         outside += sum(o["outside"] for o in others)
-        # Same weights, same inputs, same kernels: the logits must agree to rounding.
-        ok = toks == ref and n_aux == n and outside == 0 and logit_diff <= 1e-2 * float(ref_logits.abs().max())
+        out = mailbox.get(f"{i}.outcome", a.timeout)
+        exact = out["digests"] == [C.digest(kv[:, :, :, :mine])] + [o["digest"] for o in others]
+        # Same weights, same inputs, same kernels: the logits agree (in practice bit for bit). A
+        # position off by one or a page of zeros moves the small model's by 0.4 % of the largest or more.
+        ok = toks == ref and exact and n_aux == n and outside == 0 and logit_diff <= 1e-3 * float(ref_logits.abs().max())
         failed += not ok
         print(f"decode: request {i}: {n} tokens, {a.tokens} generated: "
-              f"{'tokens equal' if toks == ref else 'TOKENS DIFFER'} to one process's "
-              f"({toks[:8]}...); first decode step's logits differ by at most {logit_diff:.3g}, "
-              f"KV by {kv_diff:.3g}; {outside} elements written outside the request's pages"
+              f"{'tokens equal' if toks == ref else 'TOKENS DIFFER'} to one process's ({toks[:6]}...); "
+              f"KV bytes {'identical to' if exact else 'DIFFERENT FROM'} the prefill side's; first decode step's "
+              f"logits differ by {logit_diff:.3g}, KV from a prefill here by {kv_diff:.3g}; {outside} elements "
+              "written outside the request's pages"
               + ("" if ok else f"\n  disaggregated {toks}\n  one process    {ref}"), flush=True)
         if a.records:
-            out = mailbox.get(f"{i}.outcome", a.timeout)
             rec = C.record(i, n, a.ranks, (out["t0"], t_ready),
                            out["phases"] + ph.items + [p for o in others for p in o["phases"]], out["send"],
                            landed + [e for o in others for e in o["landed"]],

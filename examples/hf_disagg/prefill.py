@@ -13,7 +13,8 @@ stretch of pages consecutive on both sides is one segment per layer and K/V
 buffer (a Segment2D of head slices when a rank holds half of the heads),
 plus the aux row (first token, prompt length) for rank 0. Once every
 transfer is done, the engine's phases and kvproxy's send phases go back
-through the mailbox for decode.py's record.
+through the mailbox for decode.py's record, with a digest of the bytes each
+rank should hold.
 
     python3 examples/hf_disagg/prefill.py --socket PREFILL.sock --mailbox DIR [--ranks 2]
 
@@ -62,9 +63,10 @@ def main() -> int:
             pool.write(C.cache_layers(cache), pages)
         del cache
         aux_off = C.put_aux(aux, i, first, n)
-        submitted = {}
+        submitted, dst_heads = {}, []
         for r, m in enumerate(metas):
             dst = C.Layout(**m["layout"])
+            dst_heads.append(dst.tok_bytes // head_bytes)
             segs = C.kv_segments(pool.layout, dst, C.runs(pages, m["pages"]), m["head0"], head_bytes)
             if r == 0:
                 segs.append(kvproxy.Segment(aux_key, aux_off, m["aux_key"], aux_off, C.AUX_ROW))
@@ -74,7 +76,9 @@ def main() -> int:
                 client.submit(m["node"], batch, uid, timeout=a.timeout)
         # The pages belong to kvproxy until every done completion is in.
         send = C.wait_done(client, submitted, a.timeout + 5)
-        mailbox.put(f"{i}.outcome", {"t0": t0, "phases": ph.items, "send": send})
+        kv = pool.gather(pages, n)
+        digests = [C.digest(kv[:, :, :, m["head0"]:m["head0"] + dst_heads[r]]) for r, m in enumerate(metas)]
+        mailbox.put(f"{i}.outcome", {"t0": t0, "phases": ph.items, "send": send, "digests": digests})
         span = max(e["t_seen"] for e in send) - min(e["t_submit"] for e in send)
         print(f"prefill: request {i}: {n} tokens, first token {first}, {sum(e['bytes'] for e in send)} bytes "
               f"in {len(send)} transfer(s) of {sum(e['nseg'] for e in send)} segments, {span * 1e3:.2f} ms",
