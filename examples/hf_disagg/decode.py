@@ -36,6 +36,8 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=16, help="tokens to generate per request")
     ap.add_argument("--records", type=Path, help="rank 0: append one JSON line per request here")
     a = ap.parse_args()
+    if not 0 <= a.rank < a.ranks or a.tokens < 2:
+        ap.error("--rank must be below --ranks, --tokens at least 2")
     lengths = C.prompt_lengths(a.prompts)
     torch = C.require(a.device)
     import kvproxy
@@ -111,8 +113,8 @@ def main() -> int:
             with open(a.records, "a") as f:
                 f.write(json.dumps(rec) + "\n")
     client.close()
-    print(f"decode: {lane}: {len(lengths) - failed} of {len(lengths)} requests generated the one-process tokens",
-          flush=True)
+    if a.rank == 0:
+        print(f"decode: {lane}: {len(lengths) - failed} of {len(lengths)} requests passed every check", flush=True)
     return 1 if failed else 0
 
 

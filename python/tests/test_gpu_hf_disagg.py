@@ -119,7 +119,7 @@ def waterfall(records: Path, stem: Path, n: int) -> List[str]:
     problems = []
     if r.returncode not in (0, 3) or (r.returncode == 3 and "matplotlib" not in r.stderr):
         problems.append(f"kvp-waterfall {records.name}: exit {r.returncode}")
-    if f"add up within 1 % on their node" not in r.stdout or "do not add up" in r.stdout:
+    if "add up within 1 % on their node" not in r.stdout or "do not add up" in r.stdout:
         problems.append(f"kvp-waterfall {records.name}: phases do not add up on every node")
     if not Path(f"{stem}.svg").exists() or (r.returncode == 0 and not Path(f"{stem}.png").exists()):
         problems.append(f"kvp-waterfall {records.name}: no picture written")

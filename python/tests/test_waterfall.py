@@ -37,7 +37,7 @@ import sys
 import tempfile
 import unittest
 from pathlib import Path
-from typing import Dict, List, Tuple
+from typing import Dict, List
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
