@@ -379,12 +379,12 @@ def wait_landed(client: Any, want: int, timeout: float, lane: str) -> List[Dict[
 
 
 def send_entry(c: Completion, node: str, t_submit: float, t_seen: float) -> Dict[str, Any]:
-    return {"user_id": c.user_id, "node": node, "bytes": c.bytes, "nseg": c.nseg, "t_submit": t_submit,
+    return {"user_id": c.user_id, "node": node, "status": c.status_name, "bytes": c.bytes, "nseg": c.nseg, "t_submit": t_submit,
             "t_seen": t_seen, "phases": {k: c.phases[k] for k in SEND_PHASES + ("first", "total", "e2e")}}
 
 
 def landed_entry(c: Completion, node: str, lane: str, t_seen: float) -> Dict[str, Any]:
-    return {"user_id": c.user_id, "node": node, "lane": lane, "bytes": c.bytes, "nseg": c.nseg,
+    return {"user_id": c.user_id, "node": node, "lane": lane, "status": c.status_name, "bytes": c.bytes, "nseg": c.nseg,
             "t_seen": t_seen, "phases": {k: c.phases[k] for k in LANDED_PHASES + ("total",)}}
 
 
