@@ -415,11 +415,18 @@ def record(req: int, tokens: int, ranks: int, ttft: Tuple[float, float], phases:
 
 class Mailbox:
     """The side channel: JSON files (and tensors) in a folder both sides
-    share, each written whole and renamed into place; reads poll (bounded)."""
+    share, each written whole and renamed into place; a read polls (bounded)
+    and takes the entry away, so a finished run leaves the folder empty."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         path.mkdir(parents=True, exist_ok=True)
+
+    def refuse_leftovers(self, *patterns: str) -> None:
+        """Exit if entries like ours are already there: an earlier run's would be read as this one's."""
+        old = sorted(p.name for pat in patterns for p in self.path.glob(pat))
+        if old:
+            sys.exit(f"{self.path} holds {', '.join(old[:4])} from an earlier run: give each run an empty --mailbox")
 
     def _put(self, name: str, write: Any) -> None:
         tmp = self.path / f".{name}.{os.getpid()}"
@@ -438,7 +445,10 @@ class Mailbox:
         self._put(name, lambda p: p.write_text(json.dumps(obj)))
 
     def get(self, name: str, timeout: float) -> Any:
-        return json.loads(self._wait(name, timeout).read_text())
+        p = self._wait(name, timeout)
+        obj = json.loads(p.read_text())
+        p.unlink()
+        return obj
 
     def put_tensor(self, name: str, t: Any) -> None:
         import torch
@@ -448,7 +458,10 @@ class Mailbox:
     def get_tensor(self, name: str, timeout: float, device: Any) -> Any:
         import torch
 
-        return torch.load(self._wait(name, timeout), map_location=device)
+        p = self._wait(name, timeout)
+        t = torch.load(p, map_location=device)
+        p.unlink()
+        return t
 
 
 def as_dict(layout: Layout) -> Dict[str, int]:

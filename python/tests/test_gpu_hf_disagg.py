@@ -14,7 +14,7 @@ tools/kvp-waterfall over the requests' records: every transfer's kvproxy
 phases must add up to its end-to-end time within 1 % on each node. The
 prefill node's `slowest` (admin) goes through the tool too. The waterfall
 text, PNG (where matplotlib is installed), SVG and the records are written
-to $KVP_HF_OUT (default: a temp dir, kept), and the longest request's
+to $KVP_HF_OUT (default: a new temp dir, kept), and the longest request's
 figures (KV bytes, each node's phases, the transfer's share of TTFT) are
 printed at the end.
 
@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -151,7 +152,7 @@ def report(out: Path) -> None:
 def main() -> int:
     tb.require_daemon_and_library()
     tmp = Path(tempfile.mkdtemp(prefix="kvp-hf."))
-    out = Path(os.environ.get("KVP_HF_OUT") or tmp / "out")
+    out = Path(os.environ.get("KVP_HF_OUT") or tempfile.mkdtemp(prefix="kvp-hf-out."))
     out.mkdir(parents=True, exist_ok=True)
     log(f"torch {torch.__version__}, transformers {transformers.__version__}, prompts {PROMPTS}; output in {out}")
     prefill, decode = tb.start_pair(tmp, "prefill0", "decode0")
@@ -178,6 +179,10 @@ def main() -> int:
                 problems.append(p + "\n" + d.log_tail())
     for p in problems:
         print(f"FAIL: {p}", file=sys.stderr)
+    if problems or os.environ.get("KVP_KEEP"):
+        log(f"kept {tmp} (daemon configs and logs, mailboxes)")
+    else:
+        shutil.rmtree(tmp, ignore_errors=True)
     return 1 if problems else 0
 
 
