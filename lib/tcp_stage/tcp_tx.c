@@ -100,7 +100,17 @@ frame_data(struct tcp_ctx *t, struct tcp_conn *c, struct kvp_xfer *x)
 	 * an iovec each would cut sends to iov_max blocks (measured: 256-byte
 	 * head slices at a third of the contiguous rate).
 	 */
-	bool staged = (s->src->flags & KVP_REGION_F_STAGE) || (strided && s->len < GATHER_IOV_MIN);
+	bool must_stage = (s->src->flags & KVP_REGION_F_STAGE) != 0;
+	bool staged = must_stage || (strided && s->len < GATHER_IOV_MIN);
+	int32_t b = -1;
+
+	if (staged) {
+		b = stage_get(&t->stage, &t->w->stats, STAGE_TX);
+		/* Host memory never waits for a buffer: its blocks go by iovec then. */
+		if (b < 0 && must_stage)
+			return false;
+		staged = b >= 0;
+	}
 	uint64_t limit = staged && t->stage.buf_size < t->frame_max ? t->stage.buf_size
 								       : t->frame_max;
 	/* A gathered payload takes one iovec per block; its header one more. */
@@ -109,13 +119,6 @@ frame_data(struct tcp_ctx *t, struct tcp_conn *c, struct kvp_xfer *x)
 	if (s->count > 1 && (s->dst_stride > UINT32_MAX || s->len > UINT32_MAX))
 		max_blocks = 1;
 	struct kvp_piece p;
-	int32_t b = -1;
-
-	if (staged) {
-		b = stage_get(&t->stage, &t->w->stats, STAGE_TX);
-		if (b < 0)
-			return false;
-	}
 	kvp_plan_next(x, limit, max_blocks, 0, &p);
 	uint64_t bytes = p.len * p.nblk;
 	bool scatter = p.nblk > 1 && p.dst_stride != p.len;

@@ -41,6 +41,7 @@ import errno
 import http.client
 import json
 import logging
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -204,6 +205,16 @@ class _Handler(BaseHTTPRequestHandler):
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     store: _Store
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A client that goes away (a worker shutting down, a long poll it
+        # abandoned) is normal: say so at debug level instead of printing a
+        # traceback on stderr; anything else keeps the default report.
+        exc = sys.exc_info()[1]
+        if isinstance(exc, (ConnectionError, TimeoutError)):
+            log.debug("bootstrap %s: client went away: %s", client_address, exc)
+            return
+        super().handle_error(request, client_address)
 
 
 class BootstrapServer:

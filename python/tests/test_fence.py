@@ -54,6 +54,7 @@ node_id = "{node_id}";
 client_socket = "{self.sock}";
 admin_socket = "{self.admin}";
 listen = "{me}:7400";
+auth = "none";  # the VM's private link; kvproxyd refuses a public address without a secret
 transport = "rdma";
 rdma = {{ devices = "{os.environ[f'KVP_RDMA_DEV{idx}']}"; }};
 timeouts = {{ reconnect_ms = 100; {TIMEOUTS} }};

@@ -142,6 +142,7 @@ def main() -> int:
     ap.add_argument("--gpu", action="store_true")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--json")
+    ap.add_argument("--only", choices=("sliced", "unsliced"), help="time one series (for profiling)")
     a = ap.parse_args()
     if a.dtp <= a.ptp or a.dtp % a.ptp or a.heads % a.dtp:
         ap.error("this benchmark slices: dtp must be a multiple of ptp and divide heads")
@@ -182,6 +183,9 @@ def main() -> int:
     uid = 1 << 20
     for r in range(a.reps):
         for name, xfers in (("sliced", xs), ("unsliced", xp)):
+            if a.only and name != a.only:
+                res[name].append(float("nan"))
+                continue
             dt = timed(src, peer, xfers, uid)
             uid += len(xfers)
             res[name].append(total / dt / 1e9)
