@@ -66,13 +66,12 @@ def main() -> int:
                                            "pages": pages, "head0": a.rank * mine, "aux_key": aux_key})
         want = pool.layout.request_bytes(len(pages)) + (C.AUX_ROW if a.rank == 0 else 0)
         landed = C.wait_landed(client, want, a.timeout, lane)
-        outside = pool.written_outside(pages)
         ph = C.Phases(lane, model)
         if a.rank > 0:
             with ph("hand heads to rank 0"):
                 mailbox.put_tensor(f"{i}.heads.{a.rank}", pool.gather(pages, n))
-            mailbox.put(f"{i}.landed.{a.rank}", {"landed": landed, "phases": ph.items, "outside": outside,
-                                                 "digest": C.digest(pool.gather(pages, n))})
+            mailbox.put(f"{i}.landed.{a.rank}", {"landed": landed, "phases": ph.items, "digest": C.digest(
+                pool.gather(pages, n)), "outside": pool.written_outside(pages)})
             pool.clear(pages)
             continue
 
@@ -87,6 +86,7 @@ def main() -> int:
             logits, cache = C.forward(model, [first], n, cache)
         toks = [first, int(logits.argmax())]
         toks += C.greedy(model, cache, toks[-1], n + 1, a.tokens - 1)[0][1:]
+        outside = pool.written_outside(pages)  # the checks once the clock has stopped
         pool.clear(pages)
 
         ref, ref_logits, ref_kv = refs[i]

@@ -63,17 +63,20 @@ def main() -> int:
             pool.write(C.cache_layers(cache), pages)
         del cache
         aux_off = C.put_aux(aux, i, first, n)
-        submitted, dst_heads = {}, []
-        for r, m in enumerate(metas):
-            dst = C.Layout(**m["layout"])
-            dst_heads.append(dst.tok_bytes // head_bytes)
-            segs = C.kv_segments(pool.layout, dst, C.runs(pages, m["pages"]), m["head0"], head_bytes)
-            if r == 0:
-                segs.append(kvproxy.Segment(aux_key, aux_off, m["aux_key"], aux_off, C.AUX_ROW))
-            for j, batch in enumerate(C.batches(segs, client.max_segments)):
-                uid = C.user_id(i, r, j)
-                submitted[uid] = C.now()
-                client.submit(m["node"], batch, uid, timeout=a.timeout)
+        xfers, dst_heads = [], []
+        with ph("build segments"):
+            for r, m in enumerate(metas):
+                dst = C.Layout(**m["layout"])
+                dst_heads.append(dst.tok_bytes // head_bytes)
+                segs = C.kv_segments(pool.layout, dst, C.runs(pages, m["pages"]), m["head0"], head_bytes)
+                if r == 0:
+                    segs.append(kvproxy.Segment(aux_key, aux_off, m["aux_key"], aux_off, C.AUX_ROW))
+                xfers += [(m["node"], C.user_id(i, r, j), b) for j, b in enumerate(C.batches(segs, client.max_segments))]
+        submitted = {}
+        with ph("submit"):  # the binding turns the segments into descriptors
+            for node, uid, batch in xfers:
+                client.submit(node, batch, uid, timeout=a.timeout)
+                submitted[uid] = C.now()  # kvproxy's clock for it starts within this call
         # The pages belong to kvproxy until every done completion is in.
         send = C.wait_done(client, submitted, a.timeout + 5)
         kv = pool.gather(pages, n)
