@@ -97,7 +97,8 @@ def build_model(name: str, seed: int, device: str) -> Any:
     import torch
     import transformers
 
-    cfg = transformers.LlamaConfig(**MODELS[name], max_position_embeddings=32768)
+    # sdpa: flash-style kernels on the GPU, no [tokens x tokens] score matrix for long prompts.
+    cfg = transformers.LlamaConfig(**MODELS[name], max_position_embeddings=32768, attn_implementation="sdpa")
     torch.manual_seed(seed)
     model = transformers.LlamaForCausalLM(cfg)
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
