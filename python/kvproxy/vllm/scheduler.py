@@ -39,8 +39,9 @@ __all__ = ["KvproxyConnectorMetadata", "SchedulerSide", "PROTOCOL", "outgoing_ip
 
 log = logging.getLogger("kvproxy.vllm")
 
-# Version of kv_transfer_params and of the mailbox records.
-PROTOCOL = 1
+# Version of kv_transfer_params and of the mailbox records (2: pair keys
+# <request>.<prefill rank>.<n> and head-sliced registrations, heterogeneous TP).
+PROTOCOL = 2
 # A finished prefill request counts as sent only in these states (others were aborted).
 _SENDABLE = ("FINISHED_LENGTH_CAPPED", "FINISHED_STOPPED")
 
@@ -177,9 +178,13 @@ class SchedulerSide:
         if not params.get("remote_bootstrap") or params.get("remote_request_id") is None:
             return "kv_transfer_params lack remote_bootstrap/remote_request_id"
         rtp = params.get("remote_tp_size")
-        if rtp != self.tp_size:
+        if not isinstance(rtp, int) or isinstance(rtp, bool) or rtp < 1:
+            return f"kv_transfer_params carry a bad remote_tp_size {rtp!r}"
+        if max(rtp, self.tp_size) % min(rtp, self.tp_size):
+            # Heterogeneous TP maps ranks as vLLM's NIXL connector does: one
+            # size must divide the other (see kvproxy.vllm.tp_map).
             return (f"the prefill instance runs tensor parallel size {rtp}, this one {self.tp_size}: "
-                    "heterogeneous TP needs strided (head-slice) segments, not supported yet")
+                    "one must divide the other")
         counts = params.get("remote_block_counts")
         if not isinstance(counts, list) or len(counts) != self.groups:
             return f"the prefill instance has {counts!r} blocks per KV-cache group, this one {self.groups} groups"
