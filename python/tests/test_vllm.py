@@ -28,6 +28,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import unittest
 from pathlib import Path
@@ -125,9 +126,11 @@ class Pair:
             pk.fill(src, seed + r)
 
     def close(self) -> None:
-        for e in (self.de, self.pe):
-            if e is not None:
-                e.close()
+        threads = [threading.Thread(target=e.close) for e in (self.de, self.pe) if e is not None]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
         for k in self.pkv + self.dkv:
             k.close()
 

@@ -37,6 +37,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import unittest
 from pathlib import Path
@@ -297,9 +298,12 @@ class Hetero:
         return [[p["segments"] for p in w.worker.sender.recent.get(r, []) if p["total"]] for w in self.pe.workers]
 
     def close(self) -> None:
-        for e in (self.de, self.pe):
-            if e is not None:
-                e.close()
+        engines = [e for e in (self.de, self.pe) if e is not None]
+        threads = [threading.Thread(target=e.close) for e in engines]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
         for x in self.pkv + self.dkv:
             x.close()
 
@@ -363,6 +367,50 @@ class HeteroTransferTest(unittest.TestCase):
 
 
 class HeteroFailureTest(unittest.TestCase):
+    def test_one_source_fails_fan_in(self) -> None:
+        """P TP2 -> D TP1 where every transfer of prefill rank 1 is refused (a bad
+        source region key): that source is fenced on its own and closes; rank 0's
+        heads all land; every block is a load error (each lacks rank 1's heads)."""
+        h = Hetero(self, 2, 1, d_extra={"kvproxy_max_transfer_bytes": 3 * vh.HostKV(heads=4).block_bytes})
+        assert h.pe is not None and h.de is not None
+        pw = h.pe.workers[1].worker
+        real = pw.src_regions[3]
+        pw.src_regions[3] = (real[0] ^ 0x5A5A5A5A00000000, real[1])
+        self.addCleanup(lambda: pw.src_regions.__setitem__(3, real))
+        src, dst = SRC[:7], DST[:7]
+        fill(h.pkv, src, 16, 4, False)
+        r = rid()
+        _, params = h.pe.prefill(r, src)
+        d = rid("dec")
+        h.de.decode(d, params, dst)
+        secs = vh.run_until([h.pe, h.de], lambda: d in h.de.received and r in h.pe.sent, 15.0, "one source fails")
+        end = h.de.workers[0].worker.receiver.debug_state(d)
+        log(f"one of two sources refused: ended '{end['how']}' after {secs * 1000:.0f} ms, sources {end['srcs']}")
+        self.assertEqual(h.de.errors, set(dst))
+        self.assertEqual(end["srcs"], [(0, "landed"), (1, "final")])
+        self.assertEqual(h.de.stats.data["fences"], 1)
+        self.assertLess(secs, 5.0)
+        self.assertEqual({n for n in end["landed"] if n >> end["shift"] == 0}, set(range(end["total"])))
+        self.assertEqual(sum(h.pe.stats.data["failed"].values()), end["total"], h.pe.stats.data["failed"])
+
+    def test_decode_abort_fan_in(self) -> None:
+        """vLLM aborts a waiting decode request after it registered with two prefill
+        ranks: both stop and free their blocks (not by the lease), the request ends
+        received once the fence holds, with no load errors."""
+        h = Hetero(self, 2, 1, p_extra={"kvproxy_lease_s": 30.0})
+        assert h.pe is not None and h.de is not None
+        r = rid()
+        _, params = h.pe.prefill(r, SRC)
+        d = rid("dec")
+        req, _, _ = h.de.decode(d, params, DST)
+        h.de.step()
+        self.assertEqual(h.de.abort(req, DST), (False, None))
+        secs = vh.run_until([h.pe, h.de], lambda: d in h.de.received and r in h.pe.sent, 10.0, "abort fan-in")
+        self.assertEqual(h.de.errors, set())
+        self.assertLess(secs, 5.0)
+        self.assertTrue(h.de.workers[0].worker.receiver.debug_state(d)["give_up"])
+        self.assertEqual(h.pe.stats.data["lease_expired"], 0)
+
     def test_prefill_rank_killed_fan_in(self) -> None:
         """P TP2 -> D TP1; prefill rank 1 runs in a child process and is SIGKILLed
         while its transfers are in flight. Rank 0's data all lands; the decode

@@ -30,6 +30,7 @@ import ctypes
 import enum
 import json
 import random
+import threading
 import time
 from types import SimpleNamespace
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
@@ -362,10 +363,13 @@ class Engine:
         return KvproxyConnectorMetadata()
 
     def close(self) -> None:
-        for w in self.workers:
-            w.shutdown()
-        if self.sched is not None:
-            self.sched.shutdown()
+        # In parallel: each shutdown waits for its threads' polls (up to half a second).
+        conns = self.workers + ([self.sched] if self.sched is not None else [])
+        threads = [threading.Thread(target=c.shutdown) for c in conns]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
 
 
 def run_until(engines: Sequence[Engine], done: Callable[[], bool], timeout: float, what: str = "") -> float:

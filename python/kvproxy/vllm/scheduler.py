@@ -17,7 +17,8 @@ answers "all the prompt tokens the local prefix cache lacks, loaded
 asynchronously", so the request waits in ``WAITING_FOR_REMOTE_KVS``;
 ``update_state_after_alloc`` records the blocks allocated for them and the
 next ``build_connector_meta`` hands them to the workers, which register
-with the prefill side and count the landed transfers. A request aborted
+with the prefill ranks they take KV from (:mod:`.tp_map`; the prefill's TP
+size travels in ``kv_transfer_params``) and count the landed transfers. A request aborted
 while it waits (``request_finished``) is given up by the workers, which
 still report it received once nothing more can land in its blocks.
 """

@@ -380,8 +380,10 @@ class Sender:
         dlo, dhi = tp_map.head_range(d, d_tp, w.kv_heads)
         mine_sig = w.layout.slice_signature()
         theirs = meta.get("slices")
-        if (not isinstance(theirs, list) or len(theirs) != len(mine_sig)
-                or any(not isinstance(t, list) or t[:2] != m[:2] or t[2] != dhi - dlo for t, m in zip(theirs, mine_sig))):
+        def same(t: Any, m: List[Any]) -> bool:
+            return isinstance(t, list) and len(t) == 3 and t[:2] == m[:2] and t[2] == dhi - dlo
+
+        if not isinstance(theirs, list) or len(theirs) != len(mine_sig) or not all(map(same, theirs, mine_sig)):
             return "layout", ("the KV cache layouts differ beyond the heads (planes, dtype, kernel block size, "
                               "HND/NHD) or the decode blocks do not hold its heads"), None
         try:
