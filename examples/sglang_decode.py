@@ -38,7 +38,7 @@ def main() -> int:
         kv_data_ptrs=[base + b * PAGES * PAGE_BYTES for b in range(2 * LAYERS)],
         kv_data_lens=[PAGES * PAGE_BYTES] * (2 * LAYERS), kv_item_lens=[PAGE_BYTES] * (2 * LAYERS),
         aux_data_ptrs=[ctypes.addressof(aux)], aux_data_lens=[len(aux)], aux_item_lens=[64])
-    config = sglang.KvproxyConfig(socket=args.socket)  # or kvproxy_socket in sglang's extra config
+    config = sglang.KvproxyConfig(socket=args.socket)  # under sglang: $KVPROXY_SOCKET
     mgr = sglang.KVManager(kv_args, sglang.DisaggregationMode.DECODE, None, config=config)
 
     receiver = sglang.KVReceiver(mgr, args.bootstrap, args.room)

@@ -3,9 +3,10 @@
 """Prefill side of an sglang-style transfer through kvproxy.sglang.
 
 Does what sglang's prefill server does with the kvproxy backend: runs the
-bootstrap server, creates a KV manager over its paged KV cache, and for one
-request (a bootstrap room) waits for the decode side's metadata, then sends
-the request's pages in two chunks plus its aux (metadata) row.
+bootstrap server, creates a KV manager over its paged KV cache (it registers
+at the bootstrap server), and for one request (a bootstrap room) waits for
+the decode side's metadata, then sends the request's pages in two chunks
+plus its aux (metadata) row.
 
     python3 examples/sglang_prefill.py --socket /tmp/kvp-demo/prefill0.sock --bootstrap-port 8998 --room 42
 """
@@ -28,10 +29,11 @@ def pattern(buf: int, i: int) -> bytes:
 
 def wait(req, want) -> KVPoll:
     """Poll like sglang's scheduler loop, until one of the states in ``want`` (or Failed)."""
-    while req.poll() not in (*want, KVPoll.Failed):
+    while (state := req.poll()) not in (*want, KVPoll.Failed):
         req.kv_mgr.wait_for_change(0.1)
-    req.failure_exception()  # raises kvproxy.sglang.KVTransferError with code and reason
-    return req.poll()
+    if state == KVPoll.Failed:
+        req.failure_exception()  # raises kvproxy.sglang.KVTransferError with code and reason
+    return state
 
 
 def main() -> int:
@@ -52,9 +54,10 @@ def main() -> int:
         kv_data_ptrs=[base + b * PAGES * PAGE_BYTES for b in range(2 * LAYERS)],
         kv_data_lens=[PAGES * PAGE_BYTES] * (2 * LAYERS), kv_item_lens=[PAGE_BYTES] * (2 * LAYERS),
         aux_data_ptrs=[ctypes.addressof(aux)], aux_data_lens=[len(aux)], aux_item_lens=[64])
-    server_args = argparse.Namespace(host="127.0.0.1", disaggregation_bootstrap_port=args.bootstrap_port,
-                                     disaggregation_transfer_backend_extra_config=f'{{"kvproxy_socket": "{args.socket}"}}')
-    mgr = sglang.KVManager(kv_args, sglang.DisaggregationMode.PREFILL, server_args)
+    # What the manager reads of sglang's ServerArgs (here: where the bootstrap server runs).
+    server_args = argparse.Namespace(host="127.0.0.1", disaggregation_bootstrap_port=args.bootstrap_port)
+    config = sglang.KvproxyConfig(socket=args.socket)  # under sglang: $KVPROXY_SOCKET
+    mgr = sglang.KVManager(kv_args, sglang.DisaggregationMode.PREFILL, server_args, config=config)
 
     # "Run the forward pass": the request's 12 pages land in scattered cache pages.
     pages = [5, 6, 7, 8, 20, 21, 40, 41, 42, 43, 44, 60]

@@ -2,10 +2,14 @@
 /*
  * kvproxyd: EAL init, configuration, node init, lcore launch, control loop
  * on the main lcore, tear down — the shape of DPDK's l2fwd. EAL options come
- * first, application options after "--".
+ * first, application options after "--". kvproxyd's own options and the
+ * configuration are read before the EAL starts, so that --check and --help
+ * need neither hugepages nor the EAL, and so that the open-file limit is
+ * settled before anything opens files.
  */
 #include <errno.h>
 #include <getopt.h>
+#include <inttypes.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -55,16 +59,101 @@ on_usr1(int sig)
 }
 
 static void
+usage_to(FILE *f, const char *prog)
+{
+	fprintf(f,
+		"usage: %s [EAL options] -- -c CONFIG [--check]\n"
+		"       %s --check -c CONFIG\n"
+		"kvproxyd options (after \"--\"; without one, --check makes every argument\n"
+		"kvproxyd's):\n"
+		"  -c, --config FILE  kvproxyd configuration (libconfig; see kvproxyd(8) and\n"
+		"                     the sample kvproxy.conf)\n"
+		"      --check        validate the configuration (and say how many open files\n"
+		"                     it needs) and exit 0, or 1 with FILE:LINE: reason; the\n"
+		"                     EAL is not started, no hugepages are needed\n"
+		"  -h, --help         this text (\"kvproxyd --help\" shows the EAL's first)\n"
+		"EAL: give at least two lcores (main + one worker), e.g. -l 0,1, or set\n"
+		"cores = \"auto\" in the configuration; without hugepages use --no-huge\n"
+		"--no-shconf -m 256 (--no-huge --in-memory is refused); two daemons on one\n"
+		"host need distinct --file-prefix values (or --no-shconf).\n"
+		"Exit status: 0 ok, 1 configuration or start-up error, 2 usage.\n",
+		prog, prog);
+}
+
+static void
 usage(const char *prog)
 {
-	fprintf(stderr,
-		"usage: %s [EAL options] -- -c CONFIG [--check]\n"
-		"  -c, --config FILE  kvproxyd configuration (libconfig; see conf/kvproxy.conf)\n"
-		"      --check        validate the configuration and exit\n"
-		"EAL: give at least two lcores (main + one worker), e.g. -l 0,1; without\n"
-		"hugepages use --no-huge --no-shconf -m 256; two daemons on one host need\n"
-		"distinct --file-prefix values (or --no-shconf).\n",
-		prog);
+	usage_to(stderr, prog);
+}
+
+/* The EAL's --help prints its own options, then calls this. */
+static void
+usage_hook(const char *prog)
+{
+	usage_to(stdout, prog);
+}
+
+struct app_opts {
+	const char *conf;
+	bool check;
+	bool help;
+};
+
+/*
+ * kvproxyd's options: after "--", or, with no "--" at all, every argument
+ * when one of them is --check (the EAL has no such option), so that
+ * "kvproxyd --check -c FILE" works. @return 0, or 2 after a usage message
+ */
+static int
+parse_app(int argc, char **argv, struct app_opts *o)
+{
+	static const struct option opts[] = {
+		{ "config", required_argument, NULL, 'c' },
+		{ "check", no_argument, NULL, 'k' },
+		{ "help", no_argument, NULL, 'h' },
+		{ NULL, 0, NULL, 0 },
+	};
+	int first = -1, opt, rc = 0;
+
+	memset(o, 0, sizeof(*o));
+	for (int i = 1; i < argc && first < 0; i++)
+		if (strcmp(argv[i], "--") == 0)
+			first = i + 1;
+	for (int i = 1; i < argc && first < 0; i++)
+		if (strcmp(argv[i], "--check") == 0)
+			first = 1;
+	if (first < 0)
+		return 0; /* EAL arguments only (e.g. --help: the EAL prints ours after its own) */
+
+	/* getopt permutes what it parses: work on a copy, argv[0] first. */
+	char **v = calloc((size_t)(argc - first) + 2, sizeof(*v));
+	int n = 1;
+
+	if (!v)
+		return 2;
+	v[0] = argv[0];
+	for (int i = first; i < argc; i++)
+		v[n++] = argv[i];
+	optind = 0; /* glibc: start afresh */
+	while ((opt = getopt_long(n, v, "c:h", opts, NULL)) != -1) {
+		if (opt == 'c')
+			o->conf = optarg;
+		else if (opt == 'k')
+			o->check = true;
+		else if (opt == 'h')
+			o->help = true;
+		else
+			rc = 2;
+	}
+	if (rc == 0 && optind != n) {
+		fprintf(stderr, "kvproxyd: unexpected argument '%s'\n", v[optind]);
+		rc = 2;
+	}
+	optind = 1; /* the EAL parses with getopt too */
+	free(v);
+	if (rc)
+		usage("kvproxyd");
+	return rc;
 }
 
 /* Pick the transport for this node; explain the choice, refuse what cannot work. */
@@ -130,18 +219,51 @@ eal_args(int *argc, char **argv)
 int
 main(int argc, char **argv)
 {
-	static const struct option opts[] = {
-		{ "config", required_argument, NULL, 'c' },
-		{ "check", no_argument, NULL, 'k' },
-		{ "help", no_argument, NULL, 'h' },
-		{ NULL, 0, NULL, 0 },
-	};
 	static struct kvp_node node;
 	struct kvp_config cfg;
-	const char *conf = NULL;
-	bool check = false;
-	char err[512];
-	int ret, opt;
+	struct app_opts app;
+	char err[512], fdmsg[512];
+	int ret;
+
+	ret = parse_app(argc, argv, &app);
+	if (ret)
+		return ret;
+	if (app.help) {
+		usage_to(stdout, "kvproxyd");
+		return 0;
+	}
+	/* With EAL arguments only, --help is the EAL's (ours follows through the hook). */
+	bool eal_help = false;
+
+	for (int i = 1; i < argc && strcmp(argv[i], "--") != 0; i++)
+		eal_help |= strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0;
+	if ((!app.conf && !eal_help) || (app.check && !app.conf)) {
+		usage("kvproxyd");
+		return 2;
+	}
+	if (app.conf && kvp_config_load(app.conf, &cfg, err, sizeof(err)) < 0) {
+		fprintf(stderr, "%s\n", err);
+		return 1;
+	}
+	if (app.check) {
+		uint64_t need = kvp_node_fd_need(&cfg);
+
+		/* The limit is the service's, not this shell's: say it, do not fail on it. */
+		if (kvp_node_fd_limit(&cfg, false, fdmsg, sizeof(fdmsg)) < 0)
+			fprintf(stderr, "kvproxyd: warning: %s\n", fdmsg);
+		printf("%s: configuration ok (node %s, %u peer(s), listen %s:%u, %s; needs up to "
+		       "%" PRIu64 " open files)\n",
+		       app.conf, cfg.node_id, cfg.npeers, cfg.listen_host, cfg.listen_port,
+		       cfg.auth_secret[0] ? "peers authenticated by secret"
+		       : cfg.auth_none	  ? "auth = \"none\": peers NOT authenticated"
+					  : "loopback only, no secret",
+		       need);
+		return 0;
+	}
+	if (app.conf && kvp_node_fd_limit(&cfg, true, fdmsg, sizeof(fdmsg)) < 0) {
+		fprintf(stderr, "kvproxyd: %s\n", fdmsg);
+		return 1;
+	}
 
 	argv = kvp_cores_eal_args(&argc, argv);
 	char **orig_argv = argv;
@@ -149,45 +271,27 @@ main(int argc, char **argv)
 	argv = eal_args(&argc, argv);
 	eal_argv = argv != orig_argv ? argv : NULL;
 	atexit(free_eal_argv);
+	rte_set_application_usage_hook(usage_hook);
 	ret = rte_eal_init(argc, argv);
 	if (ret < 0) {
 		fprintf(stderr, "kvproxyd: EAL initialisation failed: %s\n", rte_strerror(rte_errno));
 		return 1;
 	}
-	argc -= ret;
-	argv += ret;
-	kvp_log_init();
-	while ((opt = getopt_long(argc, argv, "c:h", opts, NULL)) != -1) {
-		switch (opt) {
-		case 'c':
-			conf = optarg;
-			break;
-		case 'k':
-			check = true;
-			break;
-		default:
-			usage("kvproxyd");
-			rte_eal_cleanup();
-			return opt == 'h' ? 0 : 2;
-		}
-	}
-	if (!conf || optind != argc) {
+	if (!app.conf) {
+		/* An EAL --help that did not exit: nothing to run. */
 		usage("kvproxyd");
 		rte_eal_cleanup();
 		return 2;
 	}
-	if (kvp_config_load(conf, &cfg, err, sizeof(err)) < 0) {
-		fprintf(stderr, "%s\n", err);
-		rte_eal_cleanup();
-		return 1;
-	}
+	kvp_log_init();
 	rte_log_set_level_pattern("kvp.*", (uint32_t)cfg.log_level);
-	if (check) {
-		printf("%s: configuration ok (node %s, %u peer(s))\n", conf, cfg.node_id,
-		       cfg.npeers);
-		rte_eal_cleanup();
-		return 0;
-	}
+	KVP_LOG(INFO, app, "%s", fdmsg);
+	if (cfg.auth_none)
+		KVP_LOG(WARNING, app,
+			"SECURITY WARNING: auth = \"none\": peers connecting to %s:%u are NOT "
+			"authenticated; any host that reaches the port can send KV into this "
+			"node's regions and receive what its clients send",
+			cfg.listen_host, cfg.listen_port);
 	if (rte_lcore_count() < 2) {
 		fprintf(stderr, "kvproxyd: needs a main lcore and a worker lcore (e.g. -l 0,1)\n");
 		rte_eal_cleanup();

@@ -28,7 +28,8 @@ worker_sleep(struct kvp_worker *w)
 	};
 	/* Heartbeats are due every peer_ms / 4: wake often enough to send them. */
 	int idle = (int)(w->cfg->peer_timeout_ms / 8);
-	bool busy = w->nfree < w->nxfers || w->fences_pending;
+	/* Ended transfers waiting for CQ room have no deadline left to watch. */
+	bool busy = w->nfree + w->nbacklog < w->nxfers || w->fences_pending;
 	int timeout = busy ? SLEEP_BUSY_MS : idle < SLEEP_IDLE_MS ? idle : SLEEP_IDLE_MS;
 
 	poll(pfd, 2, timeout);

@@ -2,16 +2,19 @@
 /*
  * libkvproxy: client side of the kvproxyd client socket and channel.
  *
- * Control calls are one fixed-size request and one fixed-size reply on the
- * UNIX socket (fds ride along with SCM_RIGHTS); the data path is the SPSC
- * rings of the channel that HELLO hands over. Only kvp_connect() allocates.
+ * The data path is the SPSC rings of the channel that HELLO hands over; it
+ * never waits. Control calls go through ctrl.c, each bounded. A hang-up of
+ * the socket is the daemon's death: it is sticky (c->gone) and every call
+ * reports it with -EPIPE. Only kvp_connect() allocates.
  */
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -21,258 +24,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "kvproxy.h"
-
-#define HELLO_FDS     3
-#define CTRL_FDS_MAX  HELLO_FDS
-#define NSEC_PER_SEC  1000000000ull
-#define NSEC_PER_MSEC 1000000ull
-
-struct kvp_client {
-	int sock;
-	int sq_doorbell; /* we write it when the daemon sleeps on the SQ */
-	int cq_notify;   /* the daemon writes it when we sleep on the CQ */
-	void *chan;
-	size_t chan_len;
-	struct kvp_ring sq;
-	struct kvp_ring cq;
-	uint64_t seq;
-	/*
-	 * Non-zero while a control call waits for its reply: kvp_wait() may run
-	 * on another thread and must then not mistake that reply for garbage.
-	 */
-	atomic_uint ctrl_gen; /* odd while a control call runs; bumped at its start and end */
-	uint32_t client_id;
-	uint32_t max_segs; /* daemon limit, clamped to what the SQ can hold */
-	/* Header plus max_segs segments, staged for one bulk enqueue. */
-	struct kvp_sqe_seg *scratch;
-	char node_id[KVP_NODE_ID_MAX];
-	char errmsg[KVP_ERRMSG_MAX];
-};
-
-static void
-set_error(struct kvp_client *c, const char *msg)
-{
-	size_t n = 0;
-
-	/* Copied by hand: msg may be a short literal or the daemon's bounded errmsg. */
-	while (n < sizeof(c->errmsg) - 1 && msg[n] != '\0') {
-		c->errmsg[n] = msg[n];
-		n++;
-	}
-	c->errmsg[n] = '\0';
-}
-
-static uint64_t
-now_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * NSEC_PER_SEC + (uint64_t)ts.tv_nsec;
-}
-
-static void
-close_fds(int *fds, unsigned int n)
-{
-	for (unsigned int i = 0; i < n; i++)
-		if (fds[i] >= 0)
-			close(fds[i]);
-}
-
-static int
-send_all(struct kvp_client *c, const void *buf, size_t len, int fd)
-{
-	const uint8_t *p = buf;
-	union {
-		struct cmsghdr align;
-		char buf[CMSG_SPACE(sizeof(int))];
-	} cbuf;
-
-	while (len > 0) {
-		struct iovec iov = { .iov_base = (void *)p, .iov_len = len };
-		struct msghdr msg = { .msg_iov = &iov, .msg_iovlen = 1 };
-
-		/* The fd goes with the first byte only; it must not be sent twice. */
-		if (fd >= 0) {
-			memset(&cbuf, 0, sizeof(cbuf));
-			msg.msg_control = cbuf.buf;
-			msg.msg_controllen = sizeof(cbuf.buf);
-			struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
-
-			cm->cmsg_level = SOL_SOCKET;
-			cm->cmsg_type = SCM_RIGHTS;
-			cm->cmsg_len = CMSG_LEN(sizeof(int));
-			memcpy(CMSG_DATA(cm), &fd, sizeof(int));
-		}
-		ssize_t n = sendmsg(c->sock, &msg, MSG_NOSIGNAL);
-
-		if (n < 0) {
-			if (errno == EINTR)
-				continue;
-			if (errno == EPIPE || errno == ECONNRESET) {
-				set_error(c, "kvproxyd closed the connection");
-				return -EPIPE;
-			}
-			set_error(c, "sending to kvproxyd failed");
-			return -errno;
-		}
-		fd = -1;
-		p += n;
-		len -= (size_t)n;
-	}
-	return 0;
-}
-
-/*
- * Read exactly @p len bytes, collecting fds from every segment: the daemon
- * sends them with the reply, but a short read could split the reply, and
- * fds we did not ask for must still be closed rather than leaked.
- */
-static int
-recv_all(struct kvp_client *c, void *buf, size_t len, int *fds, unsigned int *nfds)
-{
-	uint8_t *p = buf;
-	bool extra = false;
-	union {
-		struct cmsghdr align;
-		char buf[CMSG_SPACE(sizeof(int) * CTRL_FDS_MAX)];
-	} cbuf;
-
-	*nfds = 0;
-	while (len > 0) {
-		struct iovec iov = { .iov_base = p, .iov_len = len };
-		struct msghdr msg = {
-			.msg_iov = &iov,
-			.msg_iovlen = 1,
-			.msg_control = cbuf.buf,
-			.msg_controllen = sizeof(cbuf.buf),
-		};
-		ssize_t n = recvmsg(c->sock, &msg, MSG_CMSG_CLOEXEC);
-
-		if (n < 0) {
-			if (errno == EINTR)
-				continue;
-			int err = errno == ECONNRESET ? EPIPE : errno;
-
-			set_error(c, "receiving from kvproxyd failed");
-			close_fds(fds, *nfds);
-			*nfds = 0;
-			return -err;
-		}
-		for (struct cmsghdr *cm = CMSG_FIRSTHDR(&msg); cm; cm = CMSG_NXTHDR(&msg, cm)) {
-			if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS)
-				continue;
-			unsigned int k = (unsigned int)((cm->cmsg_len - CMSG_LEN(0)) / sizeof(int));
-
-			for (unsigned int i = 0; i < k; i++) {
-				int fd;
-
-				memcpy(&fd, CMSG_DATA(cm) + i * sizeof(int), sizeof(int));
-				if (*nfds < CTRL_FDS_MAX) {
-					fds[(*nfds)++] = fd;
-				} else {
-					close(fd);
-					extra = true;
-				}
-			}
-		}
-		if (msg.msg_flags & MSG_CTRUNC)
-			extra = true;
-		if (n == 0) {
-			set_error(c, "kvproxyd closed the connection");
-			close_fds(fds, *nfds);
-			*nfds = 0;
-			return -EPIPE;
-		}
-		p += n;
-		len -= (size_t)n;
-	}
-	if (extra) {
-		set_error(c, "kvproxyd sent more fds than the protocol allows");
-		close_fds(fds, *nfds);
-		*nfds = 0;
-		return -EPROTO;
-	}
-	return 0;
-}
-
-/*
- * One request/reply exchange. On success with @p want_fds > 0, exactly that
- * many fds are returned in @p fds; in every other case none are left open.
- */
-static int
-ctrl_call(struct kvp_client *c, struct kvp_ctrl_req *req, int send_fd, struct kvp_ctrl_rep *rep,
-	  int *fds, unsigned int want_fds)
-{
-	int rfds[CTRL_FDS_MAX];
-	unsigned int nfds = 0;
-	int rc;
-
-	req->magic = KVP_CTRL_MAGIC;
-	req->abi_version = KVP_ABI_VERSION;
-	req->seq = ++c->seq;
-	/* Pairs with the loads in check_sock(): odd before the reply can arrive. */
-	atomic_fetch_add(&c->ctrl_gen, 1);
-	rc = send_all(c, req, sizeof(*req), send_fd);
-	if (rc == 0)
-		rc = recv_all(c, rep, sizeof(*rep), rfds, &nfds);
-	atomic_fetch_add(&c->ctrl_gen, 1);
-	if (rc < 0)
-		return rc;
-
-	if (rep->magic != KVP_CTRL_MAGIC || rep->op != req->op || rep->seq != req->seq) {
-		set_error(c, "malformed reply from kvproxyd");
-		rc = -EPROTO;
-	} else if (rep->err != 0) {
-		rep->errmsg[KVP_ERRMSG_MAX - 1] = '\0';
-		set_error(c, rep->errmsg[0] ? rep->errmsg : "kvproxyd refused the request");
-		/* The protocol says negative errno; do not let a sign slip become success. */
-		rc = rep->err < 0 ? rep->err : -rep->err;
-	} else if (nfds != want_fds) {
-		set_error(c, "reply from kvproxyd carries the wrong number of fds");
-		rc = -EPROTO;
-	}
-	if (rc < 0) {
-		close_fds(rfds, nfds);
-		return rc;
-	}
-	if (nfds > 0)
-		memcpy(fds, rfds, nfds * sizeof(int));
-	return 0;
-}
-
-static void
-ctrl_init(struct kvp_ctrl_req *req, uint16_t op)
-{
-	memset(req, 0, sizeof(*req));
-	req->op = op;
-}
-
-static int
-sock_connect(const char *path, int *out)
-{
-	struct sockaddr_un sa = { .sun_family = AF_UNIX };
-	size_t n = strlen(path);
-	int fd, rc;
-
-	if (n == 0 || n >= sizeof(sa.sun_path))
-		return -ENAMETOOLONG;
-	memcpy(sa.sun_path, path, n + 1);
-	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	if (fd < 0)
-		return -errno;
-	do {
-		rc = connect(fd, (struct sockaddr *)&sa, sizeof(sa));
-	} while (rc < 0 && errno == EINTR);
-	if (rc < 0) {
-		rc = -errno;
-		close(fd);
-		return rc;
-	}
-	*out = fd;
-	return 0;
-}
+#include "client_priv.h"
 
 /* Map and validate the channel; the memfd is closed either way (the mapping keeps it). */
 static int
@@ -285,7 +37,7 @@ chan_map(struct kvp_client *c, int memfd, uint64_t chan_size)
 	/* A file shorter than the announced size would SIGBUS us on access. */
 	if (chan_size == 0 || chan_size > SIZE_MAX || fstat(memfd, &st) < 0 ||
 	    (uint64_t)st.st_size < chan_size) {
-		set_error(c, "channel from kvproxyd is smaller than announced");
+		client_set_error(c, "channel from kvproxyd is smaller than announced");
 		close(memfd);
 		return -EPROTO;
 	}
@@ -293,12 +45,12 @@ chan_map(struct kvp_client *c, int memfd, uint64_t chan_size)
 	rc = mem == MAP_FAILED ? -errno : 0;
 	close(memfd);
 	if (rc < 0) {
-		set_error(c, "cannot map the channel");
+		client_set_error(c, "cannot map the channel");
 		return rc;
 	}
 	rc = kvp_chan_attach(mem, (size_t)chan_size, false, &c->sq, &c->cq);
 	if (rc < 0) {
-		set_error(c, rc == -EPROTONOSUPPORT ? "channel ABI version mismatch" :
+		client_set_error(c, rc == -EPROTONOSUPPORT ? "channel ABI version mismatch" :
 						      "channel from kvproxyd is malformed");
 		munmap(mem, (size_t)chan_size);
 		return -EPROTO;
@@ -308,40 +60,88 @@ chan_map(struct kvp_client *c, int memfd, uint64_t chan_size)
 	return 0;
 }
 
-int
-kvp_connect(const char *sock_path, uint32_t sq_entries, uint32_t cq_entries,
-	    struct kvp_client **out)
+/* The reason of a failed connect, for the caller's buffer (the client is gone by then). */
+static void
+connect_error(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+static void
+connect_error(char *err, size_t errlen, const char *fmt, ...)
 {
+	va_list ap;
+
+	if (err == NULL || errlen == 0)
+		return;
+	va_start(ap, fmt);
+	vsnprintf(err, errlen, fmt, ap);
+	va_end(ap);
+}
+
+static bool
+opts_valid(const struct kvp_connect_opts *o)
+{
+	for (size_t i = 0; i < sizeof(o->rsvd) / sizeof(o->rsvd[0]); i++)
+		if (o->rsvd[i] != 0)
+			return false;
+	return o->timeout_ms >= -1 && o->ctrl_timeout_ms >= -1;
+}
+
+int
+kvp_connect_ex(const char *sock_path, const struct kvp_connect_opts *opts, struct kvp_client **out,
+	       char *err, size_t errlen)
+{
+	static const struct kvp_connect_opts defaults;
 	struct kvp_ctrl_req req;
 	struct kvp_ctrl_rep rep;
 	struct kvp_client *c;
 	int fds[HELLO_FDS];
+	uint64_t deadline;
 	int rc;
 
-	if (sock_path == NULL || out == NULL)
+	if (err != NULL && errlen > 0)
+		err[0] = '\0';
+	if (opts == NULL)
+		opts = &defaults;
+	if (sock_path == NULL || out == NULL || !opts_valid(opts)) {
+		connect_error(err, errlen, "invalid arguments");
 		return -EINVAL;
+	}
+	deadline = client_deadline(opts->timeout_ms ? opts->timeout_ms : KVP_CONNECT_TIMEOUT_MS);
 	c = calloc(1, sizeof(*c));
-	if (c == NULL)
+	if (c == NULL) {
+		connect_error(err, errlen, "out of memory");
 		return -ENOMEM;
+	}
 	c->sock = c->sq_doorbell = c->cq_notify = -1;
+	c->ctrl_timeout_ms = opts->ctrl_timeout_ms ? opts->ctrl_timeout_ms : KVP_CTRL_TIMEOUT_MS;
 	atomic_init(&c->ctrl_gen, 0);
+	atomic_init(&c->gone, false);
 
-	rc = sock_connect(sock_path, &c->sock);
-	if (rc < 0)
+	rc = client_sock_connect(sock_path, &c->sock, deadline);
+	if (rc < 0) {
+		connect_error(err, errlen, "%s: %s", sock_path,
+			      rc == -ETIMEDOUT ? "kvproxyd did not accept the connection in time "
+						 "(daemon stopped or overloaded?)"
+					       : strerror(-rc));
 		goto err_free;
+	}
 
-	ctrl_init(&req, KVP_CTRL_HELLO);
-	req.u.hello.sq_entries = sq_entries;
-	req.u.hello.cq_entries = cq_entries;
+	client_ctrl_init(&req, KVP_CTRL_HELLO);
+	req.u.hello.sq_entries = opts->sq_entries;
+	req.u.hello.cq_entries = opts->cq_entries;
 	req.u.hello.pid = (int32_t)getpid();
-	rc = ctrl_call(c, &req, -1, &rep, fds, HELLO_FDS);
-	if (rc < 0)
+	rc = client_ctrl_call_until(c, &req, -1, &rep, fds, HELLO_FDS, deadline);
+	if (rc < 0) {
+		/* The daemon's own reason when it refused us, else what went wrong here. */
+		connect_error(err, errlen, "%s", c->errmsg);
 		goto err_close_sock;
+	}
 	c->sq_doorbell = fds[1];
 	c->cq_notify = fds[2];
 	rc = chan_map(c, fds[0], rep.u.hello.chan_size);
-	if (rc < 0)
+	if (rc < 0) {
+		connect_error(err, errlen, "%s", c->errmsg);
 		goto err_close_fds;
+	}
 
 	c->client_id = rep.u.hello.client_id;
 	memcpy(c->node_id, rep.u.hello.node_id, KVP_NODE_ID_MAX);
@@ -353,11 +153,13 @@ kvp_connect(const char *sock_path, uint32_t sq_entries, uint32_t cq_entries,
 	if (c->max_segs > c->sq.size - 1)
 		c->max_segs = c->sq.size - 1;
 	if (c->max_segs == 0) {
+		connect_error(err, errlen, "kvproxyd announced 0 segments per transfer");
 		rc = -EPROTO;
 		goto err_unmap;
 	}
 	c->scratch = calloc(1 + (size_t)c->max_segs, sizeof(*c->scratch));
 	if (c->scratch == NULL) {
+		connect_error(err, errlen, "out of memory");
 		rc = -ENOMEM;
 		goto err_unmap;
 	}
@@ -374,6 +176,24 @@ err_close_sock:
 err_free:
 	free(c);
 	return rc;
+}
+
+int
+kvp_connect(const char *sock_path, uint32_t sq_entries, uint32_t cq_entries,
+	    struct kvp_client **out)
+{
+	struct kvp_connect_opts o = { .sq_entries = sq_entries, .cq_entries = cq_entries };
+
+	return kvp_connect_ex(sock_path, &o, out, NULL, 0);
+}
+
+int
+kvp_set_ctrl_timeout(struct kvp_client *c, int timeout_ms)
+{
+	if (c == NULL || timeout_ms < -1)
+		return -EINVAL;
+	c->ctrl_timeout_ms = timeout_ms ? timeout_ms : KVP_CTRL_TIMEOUT_MS;
+	return 0;
 }
 
 void
@@ -399,13 +219,13 @@ kvp_last_error(const struct kvp_client *c)
 const char *
 kvp_node_id(const struct kvp_client *c)
 {
-	return c->node_id;
+	return c != NULL ? c->node_id : "";
 }
 
 uint32_t
 kvp_max_segments(const struct kvp_client *c)
 {
-	return c->max_segs;
+	return c != NULL ? c->max_segs : 0;
 }
 
 int
@@ -416,15 +236,17 @@ kvp_region_register(struct kvp_client *c, int fd, uint64_t fd_offset, uint64_t l
 	struct kvp_ctrl_rep rep;
 	int rc;
 
+	if (c == NULL)
+		return -EINVAL;
 	if (fd < 0 || len == 0 || key == NULL) {
-		set_error(c, "invalid region arguments");
+		client_set_error(c, "invalid region arguments");
 		return -EINVAL;
 	}
-	ctrl_init(&req, KVP_CTRL_REG);
+	client_ctrl_init(&req, KVP_CTRL_REG);
 	req.u.reg.fd_offset = fd_offset;
 	req.u.reg.len = len;
 	req.u.reg.flags = flags;
-	rc = ctrl_call(c, &req, fd, &rep, NULL, 0);
+	rc = client_ctrl_call(c, &req, fd, &rep, NULL, 0);
 	if (rc < 0)
 		return rc;
 	*key = rep.u.reg.key;
@@ -440,17 +262,17 @@ register_gpu(struct kvp_client *c, int fd, const void *ipc, uint64_t offset, uin
 	int rc;
 
 	if (len == 0 || key == NULL || device < 0) {
-		set_error(c, "invalid GPU region arguments");
+		client_set_error(c, "invalid GPU region arguments");
 		return -EINVAL;
 	}
-	ctrl_init(&req, KVP_CTRL_REG);
+	client_ctrl_init(&req, KVP_CTRL_REG);
 	req.u.reg.fd_offset = offset;
 	req.u.reg.len = len;
 	req.u.reg.flags = flags;
 	req.u.reg.device = device;
 	if (ipc)
 		memcpy(req.u.reg.ipc, ipc, sizeof(req.u.reg.ipc));
-	rc = ctrl_call(c, &req, fd, &rep, NULL, 0);
+	rc = client_ctrl_call(c, &req, fd, &rep, NULL, 0);
 	if (rc < 0)
 		return rc;
 	*key = rep.u.reg.key;
@@ -461,8 +283,10 @@ int
 kvp_region_register_cuda_ipc(struct kvp_client *c, const void *ipc_handle, uint64_t offset,
 			     uint64_t len, int device, uint64_t *key)
 {
+	if (c == NULL)
+		return -EINVAL;
 	if (ipc_handle == NULL) {
-		set_error(c, "no IPC handle");
+		client_set_error(c, "no IPC handle");
 		return -EINVAL;
 	}
 	return register_gpu(c, -1, ipc_handle, offset, len, device, KVP_REGION_CUDA_IPC, key);
@@ -472,8 +296,10 @@ int
 kvp_region_register_cuda_fd(struct kvp_client *c, int fd, uint64_t len, int device,
 			    uint64_t *key)
 {
+	if (c == NULL)
+		return -EINVAL;
 	if (fd < 0) {
-		set_error(c, "invalid fd");
+		client_set_error(c, "invalid fd");
 		return -EINVAL;
 	}
 	return register_gpu(c, fd, NULL, 0, len, device, KVP_REGION_CUDA_VMM, key);
@@ -485,9 +311,11 @@ kvp_region_deregister(struct kvp_client *c, uint64_t key)
 	struct kvp_ctrl_req req;
 	struct kvp_ctrl_rep rep;
 
-	ctrl_init(&req, KVP_CTRL_DEREG);
+	if (c == NULL)
+		return -EINVAL;
+	client_ctrl_init(&req, KVP_CTRL_DEREG);
 	req.u.dereg.key = key;
-	return ctrl_call(c, &req, -1, &rep, NULL, 0);
+	return client_ctrl_call(c, &req, -1, &rep, NULL, 0);
 }
 
 int
@@ -498,41 +326,54 @@ kvp_peer_lookup(struct kvp_client *c, const char *node_id, uint16_t *peer)
 	size_t n;
 	int rc;
 
-	if (node_id == NULL || peer == NULL)
+	if (c == NULL)
 		return -EINVAL;
-	n = strnlen(node_id, KVP_NODE_ID_MAX);
-	if (n == 0 || n >= KVP_NODE_ID_MAX) {
-		set_error(c, "node id is empty or too long");
+	if (node_id == NULL || peer == NULL) {
+		client_set_error(c, "invalid peer lookup arguments");
 		return -EINVAL;
 	}
-	ctrl_init(&req, KVP_CTRL_PEER_LOOKUP);
+	n = strnlen(node_id, KVP_NODE_ID_MAX);
+	if (n == 0 || n >= KVP_NODE_ID_MAX) {
+		client_set_error(c, "node id is empty or too long");
+		return -EINVAL;
+	}
+	client_ctrl_init(&req, KVP_CTRL_PEER_LOOKUP);
 	memcpy(req.u.peer.node_id, node_id, n + 1);
-	rc = ctrl_call(c, &req, -1, &rep, NULL, 0);
+	rc = client_ctrl_call(c, &req, -1, &rep, NULL, 0);
 	if (rc < 0)
 		return rc;
 	*peer = rep.u.peer.peer;
 	return 0;
 }
 
-/*
- * Ring the SQ doorbell if the daemon announced it sleeps. A failed write is
- * not reported: the entries are already published, and a daemon that cannot
- * be woken is a dead daemon, which kvp_wait() reports as -EPIPE.
- */
+/* Write the worker's doorbell (the SQ consumer's and the parked CQ producer's). */
 static void
-sq_kick(struct kvp_client *c)
+ring_doorbell(struct kvp_client *c)
 {
 	uint64_t one = 1;
 
-	if (!kvp_ring_wakeup_needed(&c->sq))
-		return;
 	while (write(c->sq_doorbell, &one, sizeof(one)) < 0 && errno == EINTR)
 		;
 }
 
-static int
-sq_publish(struct kvp_client *c, const void *sqes, uint32_t n)
+/*
+ * Ring the SQ doorbell if the daemon announced it sleeps. A failed write is
+ * not reported: the entries are already published, and a daemon that cannot
+ * be woken is a dead daemon, which the next call reports as -EPIPE.
+ */
+static void
+sq_kick(struct kvp_client *c)
 {
+	if (kvp_ring_wakeup_needed(&c->sq))
+		ring_doorbell(c);
+}
+
+static int
+sq_publish(struct kvp_client *c, const void *sqes, uint32_t n, uint64_t now)
+{
+	if (client_gone_check(c, &c->sq_check_ns, now))
+		return -EPIPE;
+
 	int rc = kvp_ring_enqueue_bulk(&c->sq, sqes, n);
 
 	if (rc < 0)
@@ -548,10 +389,11 @@ kvp_submit(struct kvp_client *c, const struct kvp_xfer_desc *x, const struct kvp
 	   uint32_t nseg)
 {
 	/* max_segs < sq.size, so nseg + 1 always fits the ring. */
-	if (x == NULL || segs == NULL || nseg == 0 || nseg > c->max_segs)
+	if (c == NULL || x == NULL || segs == NULL || nseg == 0 || nseg > c->max_segs)
 		return -EINVAL;
 
 	struct kvp_sqe_xfer *h = (struct kvp_sqe_xfer *)&c->scratch[0];
+	uint64_t now = client_now_ns();
 
 	memset(h, 0, sizeof(*h));
 	h->op = KVP_OP_XFER;
@@ -559,7 +401,7 @@ kvp_submit(struct kvp_client *c, const struct kvp_xfer_desc *x, const struct kvp
 	h->nseg = nseg;
 	h->user_id = x->user_id;
 	h->timeout_ns = x->timeout_ns;
-	h->submit_ns = now_ns();
+	h->submit_ns = now;
 	for (uint32_t i = 0; i < nseg; i++) {
 		struct kvp_sqe_seg *s = &c->scratch[1 + i];
 
@@ -571,7 +413,7 @@ kvp_submit(struct kvp_client *c, const struct kvp_xfer_desc *x, const struct kvp
 		s->dst_off = segs[i].dst_off;
 		s->len = segs[i].len;
 	}
-	return sq_publish(c, c->scratch, 1 + nseg);
+	return sq_publish(c, c->scratch, 1 + nseg, now);
 }
 
 int
@@ -589,7 +431,7 @@ kvp_submit2d(struct kvp_client *c, const struct kvp_xfer_desc *x,
 	h->nseg = nseg;
 	h->user_id = x->user_id;
 	h->timeout_ns = x->timeout_ns;
-	h->submit_ns = now_ns();
+	h->submit_ns = client_now_ns();
 	for (uint32_t i = 0; i < nseg; i++) {
 		struct kvp_sqe_seg2d *s = (struct kvp_sqe_seg2d *)&c->scratch[1 + i];
 		const struct kvp_segment2d *g = &segs[i];
@@ -609,7 +451,7 @@ kvp_submit2d(struct kvp_client *c, const struct kvp_xfer_desc *x,
 			s->dst_stride = g->dst_stride;
 		}
 	}
-	return sq_publish(c, c->scratch, 1 + nseg);
+	return sq_publish(c, c->scratch, 1 + nseg, h->submit_ns);
 }
 
 int
@@ -617,11 +459,13 @@ kvp_cancel(struct kvp_client *c, uint64_t user_id)
 {
 	struct kvp_sqe_xfer h;
 
+	if (c == NULL)
+		return -EINVAL;
 	memset(&h, 0, sizeof(h));
 	h.op = KVP_OP_CANCEL;
 	h.user_id = user_id;
-	h.submit_ns = now_ns();
-	return sq_publish(c, &h, 1);
+	h.submit_ns = client_now_ns();
+	return sq_publish(c, &h, 1, h.submit_ns);
 }
 
 int
@@ -638,13 +482,27 @@ kvp_fence(struct kvp_client *c, uint64_t value, uint64_t mask, uint32_t hold_ms,
 	f.fence_id = fence_id;
 	f.value = value & mask;
 	f.mask = mask;
-	return sq_publish(c, &f, 1);
+	return sq_publish(c, &f, 1, client_now_ns());
 }
 
 int
 kvp_poll(struct kvp_client *c, struct kvp_cqe *out, uint32_t max)
 {
-	return kvp_ring_dequeue_burst(&c->cq, out, max);
+	if (c == NULL || (out == NULL && max > 0))
+		return -EINVAL;
+
+	int n = kvp_ring_dequeue_burst(&c->cq, out, max);
+
+	if (n > 0) {
+		/* We freed CQ room: a worker parked on our full CQ wants to know. */
+		if (kvp_ring_room_wakeup_needed(&c->cq))
+			ring_doorbell(c);
+		return n;
+	}
+	/* Completions posted before the daemon died come first; then say it died. */
+	if (n == 0 && client_gone_check(c, &c->cq_check_ns, client_now_ns()))
+		return -EPIPE;
+	return n;
 }
 
 /*
@@ -661,7 +519,7 @@ check_sock(struct kvp_client *c, short revents)
 
 	if (revents & (POLLHUP | POLLERR | POLLNVAL))
 		return -EPIPE;
-	/* Pairs with the increments in ctrl_call(). */
+	/* Pairs with the increments in client_ctrl_call(). */
 	unsigned g0 = atomic_load(&c->ctrl_gen);
 	n = recv(c->sock, &b, 1, MSG_PEEK | MSG_DONTWAIT);
 	unsigned g1 = atomic_load(&c->ctrl_gen);
@@ -679,10 +537,10 @@ kvp_wait(struct kvp_client *c, struct kvp_cqe *out, uint32_t max, int timeout_ms
 	uint64_t deadline = 0;
 	int n;
 
-	if (max == 0)
+	if (c == NULL || out == NULL || max == 0)
 		return -EINVAL;
 	if (timeout_ms > 0)
-		deadline = now_ns() + (uint64_t)timeout_ms * NSEC_PER_MSEC;
+		deadline = client_now_ns() + (uint64_t)timeout_ms * NSEC_PER_MSEC;
 
 	for (;;) {
 		n = kvp_poll(c, out, max);
@@ -692,7 +550,7 @@ kvp_wait(struct kvp_client *c, struct kvp_cqe *out, uint32_t max, int timeout_ms
 		struct timespec ts, *tsp = NULL;
 
 		if (timeout_ms > 0) {
-			uint64_t now = now_ns();
+			uint64_t now = client_now_ns();
 
 			if (now >= deadline)
 				return 0;
@@ -730,6 +588,8 @@ kvp_wait(struct kvp_client *c, struct kvp_cqe *out, uint32_t max, int timeout_ms
 			int err2 = check_sock(c, pfd[1].revents);
 
 			if (err2 < 0) {
+				if (err2 == -EPIPE)
+					client_mark_gone(c);
 				/* Completions posted before the daemon died are still the caller's. */
 				n = kvp_poll(c, out, max);
 				return n != 0 ? n : err2;
@@ -741,7 +601,7 @@ kvp_wait(struct kvp_client *c, struct kvp_cqe *out, uint32_t max, int timeout_ms
 uint32_t
 kvp_overflow(const struct kvp_client *c)
 {
-	return atomic_load_explicit(&c->cq.shm->overflow, memory_order_relaxed);
+	return c != NULL ? atomic_load_explicit(&c->cq.shm->overflow, memory_order_relaxed) : 0;
 }
 
 int

@@ -7,6 +7,32 @@
  * one completion thread at a time (the rings are SPSC); control calls
  * (register, deregister, peer lookup) are serialised by the caller.
  *
+ * Blocking: no call waits longer than a bound the caller can set.
+ *  - kvp_connect(), kvp_connect_ex(): at most the connect timeout
+ *    (KVP_CONNECT_TIMEOUT_MS unless kvp_connect_opts.timeout_ms says
+ *    otherwise) for the connection and the daemon's HELLO reply; -ETIMEDOUT.
+ *  - Control calls (kvp_region_register*, kvp_region_deregister,
+ *    kvp_peer_lookup): at most the client's control timeout
+ *    (KVP_CTRL_TIMEOUT_MS, kvp_connect_opts.ctrl_timeout_ms,
+ *    kvp_set_ctrl_timeout()); -ETIMEDOUT. A call that timed out may still
+ *    take effect in the daemon (a region registered then is reclaimed when
+ *    the client closes); its late reply is skipped by the next call.
+ *  - kvp_wait(): at most its timeout_ms (-1: until a completion arrives or
+ *    the daemon goes away; a daemon that is alive but stopped keeps it
+ *    waiting).
+ *  - Everything else (kvp_submit, kvp_cancel, kvp_poll, kvp_close, the
+ *    accessors, kvp_host_alloc) never blocks.
+ *
+ * Daemon gone: once kvproxyd has closed the connection (exited, killed,
+ * dropped this client), every call returns -EPIPE: control calls and
+ * kvp_wait() at once, kvp_submit(), kvp_cancel() and kvp_poll() within
+ * KVP_GONE_CHECK_US of the hang-up (they look at the socket at most that
+ * often, so the data path makes no system call in between); kvp_poll()
+ * and kvp_wait() first return the completions the daemon posted before.
+ *
+ * Arguments: a NULL client, or a NULL pointer where a call needs one, gives
+ * -EINVAL (kvp_node_id() "", kvp_max_segments() and kvp_overflow() 0).
+ *
  * Ownership: memory passed in a submitted transfer belongs to kvproxy until
  * that transfer's KVP_CQE_DONE completion has been read; the caller must not
  * modify it before. Nothing on the submit or completion path allocates.
@@ -25,6 +51,13 @@ extern "C" {
 #endif
 
 struct kvp_client;
+
+/** Default bound of kvp_connect(): connection plus HELLO reply. */
+#define KVP_CONNECT_TIMEOUT_MS 5000
+/** Default bound of every control call after connecting (registration may pin GBs). */
+#define KVP_CTRL_TIMEOUT_MS 30000
+/** The data path notices a daemon that hung up within this many microseconds. */
+#define KVP_GONE_CHECK_US 1000
 
 /** One segment of a transfer (see struct kvp_sqe_seg). */
 struct kvp_segment {
@@ -61,16 +94,50 @@ struct kvp_xfer_desc {
 };
 
 /**
- * Connect to kvproxyd and map the channel.
+ * Connect to kvproxyd and map the channel; kvp_connect_ex() with default
+ * bounds (KVP_CONNECT_TIMEOUT_MS, KVP_CTRL_TIMEOUT_MS) and no reason text.
  *
  * @param sock_path  the daemon's client socket
  * @param sq_entries, cq_entries  ring sizes (powers of two), 0 = daemon default
  * @param out  the new client
- * @return 0; -ENOENT/-ECONNREFUSED if no daemon listens; -EPROTO on a
- *   protocol mismatch; -ENOMEM; other negative errno from the socket
+ * @return as kvp_connect_ex()
  */
 int kvp_connect(const char *sock_path, uint32_t sq_entries, uint32_t cq_entries,
 		struct kvp_client **out);
+
+/** Options of kvp_connect_ex(); all zero means the defaults. */
+struct kvp_connect_opts {
+	uint32_t sq_entries;	 /**< submission ring entries (power of two), 0 = daemon default */
+	uint32_t cq_entries;	 /**< completion ring entries (power of two), 0 = daemon default */
+	int32_t timeout_ms;	 /**< connect + HELLO bound; 0 = KVP_CONNECT_TIMEOUT_MS, -1 = none */
+	int32_t ctrl_timeout_ms; /**< later control calls; 0 = KVP_CTRL_TIMEOUT_MS, -1 = none */
+	uint32_t rsvd[4];	 /**< must be zero (room for options to come) */
+};
+
+/**
+ * Connect to kvproxyd within a bound and map the channel.
+ *
+ * @param opts  NULL for the defaults
+ * @param err, errlen  if not NULL, receives the reason of a failure: the
+ *   daemon's own text when it refused the client (ring sizes, the client
+ *   limit, its file descriptors, credentials), else what failed here
+ * @return 0; -EINVAL (NULL path or out, bad opts, or the daemon refused the
+ *   ring sizes); -ENOENT/-ECONNREFUSED if no daemon listens; -ETIMEDOUT if
+ *   the daemon did not accept or answer within the bound; -EUSERS (client
+ *   limit reached); -EMFILE (daemon out of file descriptors); -EPERM (not
+ *   allowed to use this daemon); -EPIPE (closed on us); -EPROTO on a
+ *   protocol mismatch; -ENOMEM; other negative errno from the socket
+ */
+int kvp_connect_ex(const char *sock_path, const struct kvp_connect_opts *opts,
+		   struct kvp_client **out, char *err, size_t errlen);
+
+/**
+ * Bound every later control call of @p c to @p timeout_ms.
+ *
+ * @param timeout_ms  > 0; 0 = KVP_CTRL_TIMEOUT_MS; -1 = no bound
+ * @return 0; -EINVAL (NULL client, timeout_ms < -1)
+ */
+int kvp_set_ctrl_timeout(struct kvp_client *c, int timeout_ms);
 
 /** Disconnect; the daemon reclaims the channel, regions and in-flight transfers. */
 void kvp_close(struct kvp_client *c);
@@ -94,7 +161,9 @@ uint32_t kvp_max_segments(const struct kvp_client *c);
  * @param key    the region key, to name it in segments (source) or to give
  *   to a prefill node (destination)
  * @return 0; -EINVAL (bad range, unmappable fd); -EPERM (not sealed against
- *   shrinking); -ENOSPC (region table full); -EPIPE if the daemon went away
+ *   shrinking); -ENOSPC (region table full); -EPIPE if the daemon went away;
+ *   -ETIMEDOUT (no answer within the control timeout); -EPROTO (the
+ *   connection is out of step after an earlier timeout: reconnect)
  */
 int kvp_region_register(struct kvp_client *c, int fd, uint64_t fd_offset, uint64_t len,
 			uint32_t flags, uint64_t *key);
@@ -108,7 +177,7 @@ int kvp_region_register(struct kvp_client *c, int fd, uint64_t fd_offset, uint64
  * @param device  CUDA device ordinal of the allocation
  * @return 0; -ENODEV (daemon has no CUDA driver or GPU: see kvp_last_error());
  *   -EINVAL (handle cannot be opened, or len larger than the allocation);
- *   -ENOSPC; -EPIPE
+ *   -ENOSPC; -EPIPE; -ETIMEDOUT; -EPROTO
  */
 int kvp_region_register_cuda_ipc(struct kvp_client *c, const void *ipc_handle, uint64_t offset,
 				 uint64_t len, int device, uint64_t *key);
@@ -127,14 +196,16 @@ int kvp_region_register_cuda_fd(struct kvp_client *c, int fd, uint64_t len, int 
 /**
  * Deregister a region.
  *
- * @return 0; -ENOENT (not this client's key); -EBUSY (transfers still use it)
+ * @return 0; -ENOENT (not this client's key); -EBUSY (transfers still use it);
+ *   -EINVAL (NULL client); -EPIPE; -ETIMEDOUT; -EPROTO
  */
 int kvp_region_deregister(struct kvp_client *c, uint64_t key);
 
 /**
  * Resolve a peer's node id to the index used in kvp_xfer_desc.peer.
  *
- * @return 0; -ENOENT if the node is not a configured peer
+ * @return 0; -ENOENT if the node is not a configured peer; -EINVAL (NULL
+ *   argument, empty or too long id); -EPIPE; -ETIMEDOUT; -EPROTO
  */
 int kvp_peer_lookup(struct kvp_client *c, const char *node_id, uint16_t *peer);
 
@@ -142,8 +213,8 @@ int kvp_peer_lookup(struct kvp_client *c, const char *node_id, uint16_t *peer);
  * Submit one transfer (header and segments published atomically).
  *
  * @return 0; -EAGAIN if the submission ring is full (reap completions and
- *   retry); -EINVAL if nseg is 0 or above kvp_max_segments(); -EPROTO if
- *   the channel is corrupt
+ *   retry); -EINVAL if nseg is 0 or above kvp_max_segments() or an argument
+ *   is NULL; -EPIPE if the daemon went away; -EPROTO if the channel is corrupt
  */
 int kvp_submit(struct kvp_client *c, const struct kvp_xfer_desc *x,
 	       const struct kvp_segment *segs, uint32_t nseg);
@@ -156,12 +227,16 @@ int kvp_submit(struct kvp_client *c, const struct kvp_xfer_desc *x,
  *
  * @return 0; -EAGAIN (ring full); -EINVAL (nseg 0 or above
  *   kvp_max_segments(), a count of 0 or above 2^32 - 1, NULL pointers);
- *   -EPROTO if the channel is corrupt
+ *   -EPIPE if the daemon went away; -EPROTO if the channel is corrupt
  */
 int kvp_submit2d(struct kvp_client *c, const struct kvp_xfer_desc *x,
 		 const struct kvp_segment2d *segs, uint32_t nseg);
 
-/** Ask the daemon to cancel an in-flight transfer; its completion follows. */
+/**
+ * Ask the daemon to cancel an in-flight transfer; its completion follows.
+ *
+ * @return 0; -EAGAIN (submission ring full); -EINVAL; -EPIPE; -EPROTO
+ */
 int kvp_cancel(struct kvp_client *c, uint64_t user_id);
 
 /**
@@ -180,7 +255,8 @@ int kvp_cancel(struct kvp_client *c, uint64_t user_id);
  * timeouts.fence_hold_ms), or until this client disconnects.
  *
  * @return 0; -EINVAL (NULL client or mask 0); -EAGAIN (submission ring
- *   full: reap completions and retry); -EPROTO if the channel is corrupt
+ *   full: reap completions and retry); -EPIPE if the daemon went away;
+ *   -EPROTO if the channel is corrupt
  */
 int kvp_fence(struct kvp_client *c, uint64_t value, uint64_t mask, uint32_t hold_ms,
 	      uint64_t fence_id);
@@ -188,7 +264,9 @@ int kvp_fence(struct kvp_client *c, uint64_t value, uint64_t mask, uint32_t hold
 /**
  * Reap up to @p max completions without blocking.
  *
- * @return completions copied (0 if none); -EPROTO if the channel is corrupt
+ * @return completions copied (0 if none); -EPIPE if none are left and the
+ *   daemon went away; -EINVAL (NULL client, or NULL @p out with max > 0);
+ *   -EPROTO if the channel is corrupt
  */
 int kvp_poll(struct kvp_client *c, struct kvp_cqe *out, uint32_t max);
 
@@ -197,7 +275,7 @@ int kvp_poll(struct kvp_client *c, struct kvp_cqe *out, uint32_t max);
  * least one completion.
  *
  * @return completions copied; 0 on timeout; -EPIPE if the daemon went away;
- *   -EPROTO
+ *   -EINVAL (NULL client or @p out, max 0); -EPROTO
  */
 int kvp_wait(struct kvp_client *c, struct kvp_cqe *out, uint32_t max, int timeout_ms);
 

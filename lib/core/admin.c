@@ -1,8 +1,7 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
- * Admin requests (main lcore): JSON-RPC 2.0, one object per line, parsed
- * with jansson; every malformed request gets a JSON-RPC error. The methods
- * live here; connections and their bounds in admin_conn.c.
+ * Admin methods (main lcore). The JSON-RPC 2.0 framing (ids, notifications,
+ * batches) is in admin_rpc.c; connections and their bounds in admin_conn.c.
  */
 #include <ctype.h>
 #include <errno.h>
@@ -268,7 +267,7 @@ m_stats(struct kvp_node *n, json_t *params, struct rpc_err *e)
 					   (json_int_t)KVP_STAT_READ(s->sleeps)));
 	}
 	json_t *totals = json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:i, s:I, s:I, s:I, s:i, "
-				   "s:I, s:I}",
+				   "s:I, s:I, s:I, s:I}",
 				   "drain_refused", (json_int_t)t.drain_refused, "deadline_misses",
 				   (json_int_t)t.deadline_misses, "tx_bytes",
 				   (json_int_t)t.all.tx_bytes, "rx_bytes",
@@ -279,7 +278,9 @@ m_stats(struct kvp_node *n, json_t *params, struct rpc_err *e)
 				   (json_int_t)t.all.rx_frames, "inflight", (int)t.inflight,
 				   "bad_handshakes", (json_int_t)n->bad_handshakes, "auth_failures",
 				   (json_int_t)n->auth_failures, "inflight_hwm", (json_int_t)t.hwm,
-				   "inflight_max", (int)(n->cfg.max_inflight * n->nworkers));
+				   "inflight_max", (int)(n->cfg.max_inflight * n->nworkers),
+				   "client_handshake_failures", (json_int_t)n->client_handshake_failures,
+				   "ring_violations", (json_int_t)n->ring_violations);
 	json_t *stage = json_pack("{s:I, s:I, s:I, s:I, s:I, s:b, s:I}", "buffers",
 				  (json_int_t)t.stage_bufs, "buffer_bytes",
 				  (json_int_t)n->cfg.stage_buf, "in_use", (json_int_t)t.stage_used,
@@ -292,13 +293,16 @@ m_stats(struct kvp_node *n, json_t *params, struct rpc_err *e)
 				   "fenced_xfers", (json_int_t)t.fenced_xfers, "fenced_bytes",
 				   (json_int_t)t.fenced_bytes, "max_ms", (double)t.fence_ns_max / 1e6);
 	const struct kvp_admin_stats *as = &n->admin_stats;
-	json_t *refused = json_pack("{s:I, s:I}", "credentials",
+	json_t *refused = json_pack("{s:I, s:I, s:I, s:I}", "credentials",
 				    (json_int_t)n->clients_refused_cred, "limit",
-				    (json_int_t)n->clients_refused_limit);
-	json_t *admin = json_pack("{s:i, s:I, s:I, s:I, s:I, s:I}", "connections",
+				    (json_int_t)n->clients_refused_limit, "fds",
+				    (json_int_t)n->clients_refused_fds, "accept_pauses",
+				    (json_int_t)n->client_accept_pauses);
+	json_t *admin = json_pack("{s:i, s:I, s:I, s:I, s:I, s:I, s:I}", "connections",
 				  (int)kvp_admin_open(n), "accepted", (json_int_t)as->accepted,
 				  "refused", (json_int_t)as->refused, "slow", (json_int_t)as->slow,
-				  "idle", (json_int_t)as->idle, "too_long", (json_int_t)as->too_long);
+				  "idle", (json_int_t)as->idle, "too_long", (json_int_t)as->too_long,
+				  "no_fds", (json_int_t)as->no_fds);
 	return json_pack("{s:s, s:f, s:s, s:o, s:o, s:o, s:o, s:o, s:o, s:i, s:o, s:o, s:o, s:o, "
 			 "s:o}",
 			 "node_id", n->cfg.node_id, "uptime_s", admin_uptime_s(n), "transport",
@@ -707,100 +711,12 @@ static const struct method methods[] = {
 	{ "rail_resume", admin_rail_resume },
 };
 
-/*
- * Serialise @p reply into @p out. A reply that does not fit becomes a
- * "reply too large" error with the request's id; if even that does not
- * fit, there is none (0): half a line is never sent.
- */
-static size_t
-emit(json_t *reply, json_t *id, char *out, size_t outlen)
+/* The method called @p name, or NULL (admin_rpc.c dispatches through this). */
+admin_method_fn
+admin_method(const char *name)
 {
-	const char *why = reply ? "reply too large" : "cannot build the reply";
-	size_t len = reply ? json_dumpb(reply, out, outlen, JSON_COMPACT) : 0;
-
-	json_decref(reply);
-	if (len > 0 && len <= outlen)
-		return len;
-	reply = json_pack("{s:s, s:O, s:{s:i, s:s}}", "jsonrpc", "2.0", "id",
-			  id ? id : json_null(), "error", "code", RPC_INTERNAL_ERROR, "message",
-			  why);
-	len = reply ? json_dumpb(reply, out, outlen, JSON_COMPACT) : 0;
-	json_decref(reply);
-	return len <= outlen ? len : 0;
-}
-
-static size_t
-rpc_error(json_t *id, int code, const char *msg, char *out, size_t outlen)
-{
-	json_t *r = json_pack("{s:s, s:O, s:{s:i, s:s}}", "jsonrpc", "2.0", "id",
-			      id ? id : json_null(), "error", "code", code, "message", msg);
-	return emit(r, id, out, outlen);
-}
-
-size_t
-kvp_admin_handle(struct kvp_node *n, const char *line, size_t len, char *out, size_t outlen)
-{
-	json_error_t jerr;
-	json_t *req = json_loadb(line, len, JSON_REJECT_DUPLICATES | JSON_DECODE_ANY, &jerr);
-	json_t *id, *params, *jm, *jv;
-	size_t rlen;
-
-	if (!req)
-		return rpc_error(NULL, RPC_PARSE_ERROR, jerr.text, out, outlen);
-	id = json_object_get(req, "id");
-	if (!json_is_object(req)) {
-		rlen = rpc_error(NULL, RPC_INVALID_REQUEST, "request must be a JSON object", out,
-				 outlen);
-		goto out;
-	}
-	if (id && !json_is_string(id) && !json_is_integer(id) && !json_is_null(id))
-		id = NULL;
-	jv = json_object_get(req, "jsonrpc");
-	jm = json_object_get(req, "method");
-	if (!json_is_string(jv) || strcmp(json_string_value(jv), "2.0") != 0 ||
-	    !json_is_string(jm)) {
-		rlen = rpc_error(id, RPC_INVALID_REQUEST,
-				 "need \"jsonrpc\":\"2.0\" and a string \"method\"", out, outlen);
-		goto out;
-	}
-	params = json_object_get(req, "params");
-	if (params && !json_is_object(params) && !json_is_array(params)) {
-		rlen = rpc_error(id, RPC_INVALID_REQUEST, "params must be an object or array", out,
-				 outlen);
-		goto out;
-	}
-	const char *name = json_string_value(jm);
-	const struct method *m = NULL;
 	for (size_t i = 0; i < sizeof(methods) / sizeof(methods[0]); i++)
 		if (strcmp(methods[i].name, name) == 0)
-			m = &methods[i];
-	if (!m) {
-		char msg[128];
-
-		snprintf(msg, sizeof(msg), "unknown method '%.64s'", name);
-		rlen = rpc_error(id, RPC_METHOD_NOT_FOUND, msg, out, outlen);
-		goto out;
-	}
-	if (params && !json_is_object(params)) {
-		rlen = rpc_error(id, RPC_INVALID_PARAMS, "params must be an object", out, outlen);
-		goto out;
-	}
-	struct rpc_err err = { 0 };
-	json_t *result = m->fn(n, params, &err);
-	if (!result) {
-		rlen = rpc_error(id, err.code ? err.code : RPC_INVALID_PARAMS,
-				 err.msg[0] ? err.msg : "invalid params", out, outlen);
-		goto out;
-	}
-	if (!id) {
-		/* A notification: executed, not answered. */
-		json_decref(result);
-		rlen = 0;
-		goto out;
-	}
-	rlen = emit(json_pack("{s:s, s:O, s:o}", "jsonrpc", "2.0", "id", id, "result", result), id,
-		    out, outlen);
-out:
-	json_decref(req);
-	return rlen;
+			return methods[i].fn;
+	return NULL;
 }

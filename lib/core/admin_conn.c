@@ -10,7 +10,10 @@
  * Nothing here waits: a reply the socket does not take at once stays in the
  * connection's output buffer, and the connection is not read again until
  * the client has taken it. One read per readiness event, so a client that
- * writes without pause gets its turn and no more.
+ * writes without pause gets its turn and no more. Out of file descriptors, a
+ * connection gets an error line through the node's spare descriptor, and
+ * without one the listener leaves the epoll set for ACCEPT_RETRY_NS: never
+ * a spin on a listener that cannot be served.
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -26,9 +29,14 @@
 #define BUSY_LINE                                                                             \
 	"{\"jsonrpc\":\"2.0\",\"id\":null,\"error\":{\"code\":-32001,\"message\":\"too many " \
 	"admin connections\"}}\n"
+#define NO_FDS_LINE                                                                           \
+	"{\"jsonrpc\":\"2.0\",\"id\":null,\"error\":{\"code\":-32001,\"message\":\"kvproxyd " \
+	"is out of file descriptors\"}}\n"
 #define TOO_LONG_LINE                                                                        \
 	"{\"jsonrpc\":\"2.0\",\"id\":null,\"error\":{\"code\":-32600,\"message\":\"request " \
 	"line too long\"}}\n"
+
+#define ACCEPT_RETRY_NS 100000000ull
 
 /* Big enough for the Prometheus text with JSON escaping; one for all connections. */
 static char reply[ADMIN_REPLY_MAX];
@@ -60,13 +68,34 @@ send_now(int fd, const char *line, size_t len)
 	}
 }
 
+static void
+accept_out_of_fds(struct kvp_node *n)
+{
+	int fd = kvp_node_accept_spare(n, n->admin_lfd);
+
+	if (fd >= 0) {
+		n->admin_stats.no_fds++;
+		KVP_LOG_RL(WARNING, core, "admin connection refused: out of file descriptors");
+		send_now(fd, NO_FDS_LINE, sizeof(NO_FDS_LINE) - 1);
+		close(fd);
+	}
+	if (!kvp_node_spare_restore(n) && !n->admin_accept_paused) {
+		kvp_node_unwatch(n, n->admin_lfd);
+		n->admin_accept_paused = true;
+		n->admin_accept_retry_ns = kvp_mono_ns() + ACCEPT_RETRY_NS;
+	}
+}
+
 void
 kvp_admin_accept(struct kvp_node *n)
 {
 	int fd = accept4(n->admin_lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
 
-	if (fd < 0)
+	if (fd < 0) {
+		if (errno == EMFILE || errno == ENFILE)
+			accept_out_of_fds(n);
 		return;
+	}
 	for (uint32_t i = 0; i < KVP_ADMIN_CONNS; i++) {
 		struct kvp_admin_conn *a = &n->admin[i];
 
@@ -208,6 +237,11 @@ kvp_admin_timers(struct kvp_node *n, uint64_t now)
 {
 	uint64_t bound = ms_ns(__atomic_load_n(&n->cfg.admin_timeout_ms, __ATOMIC_RELAXED));
 	uint64_t idle = ms_ns(__atomic_load_n(&n->cfg.admin_idle_ms, __ATOMIC_RELAXED));
+
+	if (n->admin_accept_paused && now >= n->admin_accept_retry_ns) {
+		n->admin_accept_paused = false;
+		kvp_node_watch(n, n->admin_lfd, EPOLLIN, KVP_EP_ADMIN_LISTEN, 0);
+	}
 
 	for (uint32_t i = 0; i < KVP_ADMIN_CONNS; i++) {
 		struct kvp_admin_conn *a = &n->admin[i];

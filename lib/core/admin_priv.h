@@ -51,6 +51,12 @@ struct totals {
 	uint32_t fences_held; /* set and not yet expired */
 };
 
+/** A method: a result, or NULL with the error in @p e (invalid params unless set otherwise). */
+typedef json_t *(*admin_method_fn)(struct kvp_node *n, json_t *params, struct rpc_err *e);
+
+/** The method table's entry for @p name (admin.c), or NULL. */
+admin_method_fn admin_method(const char *name);
+
 /** Record a JSON-RPC error for a method; @return NULL (the method's result). */
 json_t *admin_fail(struct rpc_err *e, int code, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));

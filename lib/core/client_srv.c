@@ -4,6 +4,14 @@
  * it to a worker; REG/DEREG manage regions; PEER_LOOKUP resolves node ids.
  * Every request gets a reply with an errno and a reason; a client that
  * breaks the protocol is disconnected and its resources reclaimed.
+ *
+ * A connection refused before its HELLO was read (credentials, the client
+ * limit, no file descriptor left) gets a HELLO reply with the reason and is
+ * closed: libkvproxy reads it even when its own HELLO could not be sent.
+ * Out of file descriptors, a spare one is given up to accept and refuse the
+ * next client; if even that fails, the listener leaves the epoll set until
+ * a client leaves or ACCEPT_RETRY_NS passes, so the main loop never spins
+ * on a listener it cannot serve.
  */
 #include <errno.h>
 #include <stdarg.h>
@@ -13,12 +21,15 @@
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <rte_mempool.h>
 
 #include "kvp_core.h"
+
+#define ACCEPT_RETRY_NS 100000000ull /* a paused listener tries again this often */
 
 static int
 send_reply(struct kvp_client_conn *c, struct kvp_ctrl_rep *rep, const int *fds, unsigned nfds)
@@ -77,10 +88,12 @@ do_hello(struct kvp_node *n, struct kvp_client_conn *c, const struct kvp_ctrl_re
 	int memfd = -1;
 
 	if (c->state != KVP_CL_OPEN) {
+		n->client_handshake_failures++;
 		rep_error(rep, -EALREADY, "HELLO already done on this connection");
 		return;
 	}
 	if (!ring_size_ok(sqn, n->cfg.sq_entries) || !ring_size_ok(cqn, n->cfg.cq_entries)) {
+		n->client_handshake_failures++;
 		rep_error(rep, -EINVAL,
 			  "ring sizes sq %u, cq %u: each must be a power of two from 2 up to this "
 			  "node's limits.sq_entries (%u) and limits.cq_entries (%u)",
@@ -135,8 +148,20 @@ err_close_notify:
 	close(ch->notify_fd);
 err_unmap:
 	munmap(ch->mem, len);
-err_sys:
-	rep_error(rep, -ENOMEM, "cannot create the channel: %s", strerror(errno ? errno : ENOMEM));
+err_sys:;
+	int e = errno ? errno : ENOMEM;
+
+	n->client_handshake_failures++;
+	if (e == EMFILE || e == ENFILE) {
+		n->clients_refused_fds++;
+		rep_error(rep, -EMFILE,
+			  "kvproxyd %s is out of file descriptors (RLIMIT_NOFILE); try again later",
+			  n->cfg.node_id);
+		KVP_LOG_RL(WARNING, core, "client %u (pid %d) refused: out of file descriptors",
+			   c->id, (int)req->u.hello.pid);
+	} else {
+		rep_error(rep, -ENOMEM, "cannot create the channel: %s", strerror(e));
+	}
 	if (memfd >= 0)
 		close(memfd);
 	free(ch);
@@ -242,6 +267,7 @@ handle_req(struct kvp_node *n, struct kvp_client_conn *c, const struct kvp_ctrl_
 	rep.op = req->op;
 	rep.seq = req->seq;
 	if (req->magic != KVP_CTRL_MAGIC || req->abi_version != KVP_ABI_VERSION) {
+		n->client_handshake_failures++;
 		rep_error(&rep, -EPROTO, "bad magic or ABI version %u (daemon speaks %u)",
 			  req->abi_version, KVP_ABI_VERSION);
 		send_reply(c, &rep, NULL, 0);
@@ -328,14 +354,89 @@ peer_allowed(const struct kvp_node *n, int fd, struct ucred *cred)
 	return cred->gid == n->cfg.client_group.gid || peer_in_group(fd, n->cfg.client_group.gid);
 }
 
+/* Answer the HELLO that has not been read yet with @p err and close. */
+static void __attribute__((format(printf, 3, 4)))
+refuse_conn(int fd, int err, const char *fmt, ...)
+{
+	struct kvp_ctrl_rep rep;
+	va_list ap;
+
+	memset(&rep, 0, sizeof(rep));
+	rep.magic = KVP_CTRL_MAGIC;
+	rep.op = KVP_CTRL_HELLO;
+	rep.err = err;
+	rep.seq = 1; /* a connection's first request, libkvproxy's HELLO, is seq 1 */
+	va_start(ap, fmt);
+	vsnprintf(rep.errmsg, sizeof(rep.errmsg), fmt, ap);
+	va_end(ap);
+	if (send(fd, &rep, sizeof(rep), MSG_NOSIGNAL | MSG_DONTWAIT) < 0) {
+		/* The client is gone already; it is refused either way. */
+	}
+	close(fd);
+}
+
+static void
+accept_pause(struct kvp_node *n)
+{
+	if (n->client_accept_paused)
+		return;
+	kvp_node_unwatch(n, n->client_lfd);
+	n->client_accept_paused = true;
+	n->client_accept_pauses++;
+	n->client_accept_retry_ns = kvp_mono_ns() + ACCEPT_RETRY_NS;
+	KVP_LOG_RL(WARNING, core,
+		   "out of file descriptors: not accepting clients until one leaves (retry every "
+		   "%llu ms)",
+		   ACCEPT_RETRY_NS / 1000000);
+}
+
+void
+kvp_client_accept_resume(struct kvp_node *n)
+{
+	if (!n->client_accept_paused)
+		return;
+	n->client_accept_paused = false;
+	kvp_node_watch(n, n->client_lfd, EPOLLIN, KVP_EP_CLIENT_LISTEN, 0);
+}
+
+/*
+ * accept() found no file descriptor: give up the spare one to take the
+ * client and tell it why, then take the spare back. Without a spare, stop
+ * watching the listener (queued clients wait; their own timeouts bound it).
+ */
+static void
+accept_out_of_fds(struct kvp_node *n)
+{
+	struct rlimit rl = { 0 };
+	int fd = -1;
+
+	getrlimit(RLIMIT_NOFILE, &rl);
+	fd = kvp_node_accept_spare(n, n->client_lfd);
+	if (fd >= 0) {
+		n->clients_refused_fds++;
+		KVP_LOG_RL(WARNING, core,
+			   "client refused: out of file descriptors (RLIMIT_NOFILE %llu, %u clients)",
+			   (unsigned long long)rl.rlim_cur, n->nclients);
+		refuse_conn(fd, -EMFILE,
+			    "kvproxyd %s is out of file descriptors (RLIMIT_NOFILE %llu); try again "
+			    "later",
+			    n->cfg.node_id, (unsigned long long)rl.rlim_cur);
+	}
+	if (!kvp_node_spare_restore(n))
+		accept_pause(n);
+}
+
 void
 kvp_client_accept(struct kvp_node *n)
 {
 	int fd = accept4(n->client_lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
 	struct ucred cred;
 
-	if (fd < 0)
+	if (fd < 0) {
+		if (errno == EMFILE || errno == ENFILE)
+			accept_out_of_fds(n);
 		return;
+	}
 	if (!peer_allowed(n, fd, &cred)) {
 		n->clients_refused_cred++;
 		KVP_LOG_RL(WARNING, core,
@@ -343,7 +444,10 @@ kvp_client_accept(struct kvp_node *n)
 			   "and not in client_group %s",
 			   (int)cred.pid, cred.uid, cred.gid, (unsigned)geteuid(),
 			   n->cfg.client_group.name[0] ? n->cfg.client_group.name : "(none set)");
-		close(fd);
+		refuse_conn(fd, -EPERM,
+			    "kvproxyd %s does not serve uid %u: not its user, not root and not in "
+			    "its client_group",
+			    n->cfg.node_id, cred.uid);
 		return;
 	}
 	for (uint32_t i = 0; i < n->cfg.max_clients; i++) {
@@ -368,7 +472,8 @@ kvp_client_accept(struct kvp_node *n)
 	n->clients_refused_limit++;
 	KVP_LOG_RL(WARNING, core, "client (pid %d) refused: limits.max_clients (%u) reached",
 		   (int)cred.pid, n->cfg.max_clients);
-	close(fd);
+	refuse_conn(fd, -EUSERS, "kvproxyd %s serves at most %u clients (limits.max_clients)",
+		    n->cfg.node_id, n->cfg.max_clients);
 }
 
 void
@@ -433,6 +538,8 @@ client_release(struct kvp_node *n, struct kvp_client_conn *c)
 	kvp_region_remove_owner(&n->regions, c->id);
 	c->state = KVP_CL_FREE;
 	n->nclients--;
+	/* Its descriptors are back: a listener paused for want of them may go on. */
+	kvp_client_accept_resume(n);
 }
 
 void
@@ -492,6 +599,7 @@ kvp_client_broken(struct kvp_node *n, struct kvp_chan *ch, const char *why)
 
 	if (!c)
 		return;
+	n->ring_violations++;
 	snprintf(msg, sizeof(msg), "broke the ring protocol (%s); disconnected", why);
 	kvp_client_drop(n, c, msg);
 }
@@ -503,7 +611,11 @@ kvp_client_timers(struct kvp_node *n, uint64_t now)
 	for (uint32_t i = 0; i < n->cfg.max_clients; i++) {
 		struct kvp_client_conn *c = &n->clients[i];
 
-		if (c->state == KVP_CL_OPEN && now >= c->hello_deadline_ns)
+		if (c->state == KVP_CL_OPEN && now >= c->hello_deadline_ns) {
+			n->client_handshake_failures++;
 			kvp_client_drop(n, c, "sent no HELLO in time; disconnected");
+		}
 	}
+	if (n->client_accept_paused && now >= n->client_accept_retry_ns)
+		kvp_client_accept_resume(n);
 }

@@ -6,6 +6,7 @@
  * change while running (admin config_set, main lcore); workers read those
  * fields with relaxed loads.
  */
+#include <arpa/inet.h>
 #include <ctype.h>
 #include <errno.h>
 #include <grp.h>
@@ -16,48 +17,21 @@
 
 #include <libconfig.h>
 
+#include "config_priv.h"
 #include "kvp_core.h"
-
-enum ctype {
-	CT_STR,	      /* char[size] */
-	CT_U32,	      /* uint32_t in [min, max] */
-	CT_BOOL,      /* bool */
-	CT_HOSTPORT,  /* "host:port" into listen_host/listen_port */
-	CT_TRANSPORT, /* "tcp" | "rdma" | "auto" */
-	CT_LOGLEVEL,  /* rte_log level name */
-	CT_SECRET_FILE, /* path whose first line becomes auth_secret */
-	CT_GROUP,	/* group name or number into struct kvp_group */
-	CT_CORES,	/* "" | "auto" | "MAIN,WORKER" CPU numbers */
-};
-
-/* Row flags. */
-#define RT     0x1u /* config_set may change it while running */
-#define SECRET 0x2u /* never shown by config_get */
-
-struct conf_row {
-	const char *path;
-	enum ctype type;
-	size_t off;
-	size_t size;
-	uint32_t min;
-	uint32_t max;
-	uint32_t idef;
-	const char *sdef;
-	uint32_t flags;
-};
 
 #define F(field) offsetof(struct kvp_config, field), sizeof(((struct kvp_config *)0)->field)
 #define U32(p, field, lo, hi, d)    { p, CT_U32, F(field), lo, hi, d, NULL, 0 }
 #define U32_RT(p, field, lo, hi, d) { p, CT_U32, F(field), lo, hi, d, NULL, RT }
 #define STR(p, field, d)	    { p, CT_STR, F(field), 0, 0, 0, d, 0 }
 
-static const struct conf_row rows[] = {
+const struct conf_row config_rows[] = {
 	STR("node_id", node_id, ""),
 	STR("client_socket", client_socket, "/run/kvproxy/kvproxy.sock"),
 	STR("admin_socket", admin_socket, "/run/kvproxy/admin.sock"),
 	{ "client_group", CT_GROUP, F(client_group), 0, 0, 0, "", 0 },
 	{ "admin_group", CT_GROUP, F(admin_group), 0, 0, 0, "", 0 },
-	{ "listen", CT_HOSTPORT, F(listen_host), 0, 0, 0, "0.0.0.0:7400", 0 },
+	{ "listen", CT_HOSTPORT, F(listen_host), 0, 0, 0, "127.0.0.1:7400", 0 },
 	{ "transport", CT_TRANSPORT, F(transport), 0, 0, 0, "tcp", 0 },
 	{ "cores", CT_CORES, F(cores), 0, 0, 0, "", 0 },
 	{ "log_level", CT_LOGLEVEL, F(log_level), 0, 0, 0, "info", RT },
@@ -101,6 +75,7 @@ static const struct conf_row rows[] = {
 	U32("rdma.timeout", rdma_timeout, 1, 31, 14),
 	U32("rdma.retry", rdma_retry, 0, 7, 7),
 	{ "rdma.dmabuf_host", CT_BOOL, F(rdma_dmabuf_host), 0, 0, 0, NULL, 0 },
+	{ "auth", CT_AUTH, F(auth_none), 0, 0, 0, "", 0 },
 	{ "auth.secret", CT_STR, F(auth_secret), 0, 0, 0, "", SECRET },
 	{ "auth.secret_file", CT_SECRET_FILE, F(auth_secret), 0, 0, 0, "", SECRET },
 	{ "stats.enabled", CT_BOOL, F(stats_enabled), 0, 0, 1, NULL, RT },
@@ -109,12 +84,16 @@ static const struct conf_row rows[] = {
 	U32_RT("stats.slowest_window_s", slowest_window_s, 1, 86400, 300),
 };
 
-#define NROWS (sizeof(rows) / sizeof(rows[0]))
+const size_t config_nrows = sizeof(config_rows) / sizeof(config_rows[0]);
 
 struct errctx {
 	const char *path;
 	char *buf;
 	size_t len;
+	/* Which of auth.secret / auth.secret_file the file set: never both. */
+	config_setting_t *secret;
+	config_setting_t *secret_file;
+	config_setting_t *listen;
 };
 
 static int __attribute__((format(printf, 3, 4)))
@@ -163,8 +142,8 @@ parse_transport(const char *s)
 }
 
 /* Strict decimal: digits only, no sign, no blanks, no overflow. */
-static int
-parse_u64(const char *v, unsigned long long *out)
+int
+config_parse_u64(const char *v, unsigned long long *out)
 {
 	unsigned long long x = 0;
 
@@ -200,7 +179,7 @@ lookup_group(const char *v, struct kvp_group *g, const char **why)
 		*why = "group name too long";
 		return -EINVAL;
 	}
-	if (parse_u64(v, &id) == 0) {
+	if (config_parse_u64(v, &id) == 0) {
 		if (id >= UINT32_MAX) {
 			*why = "group number out of range";
 			return -EINVAL;
@@ -273,6 +252,13 @@ set_str(struct kvp_config *cfg, const struct conf_row *r, const char *v, const c
 		return 0;
 	case CT_GROUP:
 		return lookup_group(v, (struct kvp_group *)dst, why);
+	case CT_AUTH:
+		if (v[0] != '\0' && strcmp(v, "none") != 0) {
+			*why = "expected \"none\" (or a group: auth = { secret_file = \"...\"; })";
+			return -EINVAL;
+		}
+		cfg->auth_none = v[0] != '\0';
+		return 0;
 	case CT_CORES: {
 		unsigned a, b;
 		int n = -1;
@@ -319,8 +305,8 @@ kvp_config_defaults(struct kvp_config *cfg)
 	const char *why;
 
 	memset(cfg, 0, sizeof(*cfg));
-	for (size_t i = 0; i < NROWS; i++) {
-		const struct conf_row *r = &rows[i];
+	for (size_t i = 0; i < config_nrows; i++) {
+		const struct conf_row *r = &config_rows[i];
 
 		if (r->type == CT_U32)
 			*(uint32_t *)((char *)cfg + r->off) = r->idef;
@@ -331,12 +317,12 @@ kvp_config_defaults(struct kvp_config *cfg)
 	}
 }
 
-static const struct conf_row *
-find_row(const char *path)
+const struct conf_row *
+config_find_row(const char *path)
 {
-	for (size_t i = 0; i < NROWS; i++)
-		if (strcmp(rows[i].path, path) == 0)
-			return &rows[i];
+	for (size_t i = 0; i < config_nrows; i++)
+		if (strcmp(config_rows[i].path, path) == 0)
+			return &config_rows[i];
 	return NULL;
 }
 
@@ -345,8 +331,8 @@ is_group_prefix(const char *path)
 {
 	size_t n = strlen(path);
 
-	for (size_t i = 0; i < NROWS; i++)
-		if (strncmp(rows[i].path, path, n) == 0 && rows[i].path[n] == '.')
+	for (size_t i = 0; i < config_nrows; i++)
+		if (strncmp(config_rows[i].path, path, n) == 0 && config_rows[i].path[n] == '.')
 			return true;
 	return false;
 }
@@ -462,16 +448,23 @@ walk(struct kvp_config *cfg, config_setting_t *grp, const char *prefix, struct e
 			 config_setting_name(s));
 		if (prefix[0] == '\0' && strcmp(path, "peers") == 0)
 			continue; /* after node_id is known */
-		r = find_row(path);
-		if (r) {
-			rc = apply_setting(cfg, r, s, e);
-		} else if (config_setting_is_group(s) && is_group_prefix(path)) {
+		r = config_find_row(path);
+		/* "auth" is a row ("none") and a group of rows: the type decides. */
+		if (config_setting_is_group(s) && is_group_prefix(path)) {
 			rc = walk(cfg, s, path, e);
+		} else if (r) {
+			rc = apply_setting(cfg, r, s, e);
 		} else {
 			return fail_at(e, s, "unknown key '%s'", path);
 		}
 		if (rc < 0)
 			return rc;
+		if (strcmp(path, "auth.secret") == 0)
+			e->secret = s;
+		else if (strcmp(path, "auth.secret_file") == 0)
+			e->secret_file = s;
+		else if (strcmp(path, "listen") == 0)
+			e->listen = s;
 	}
 	return 0;
 }
@@ -482,6 +475,72 @@ pow2(uint32_t v)
 	return (v & (v - 1)) == 0;
 }
 
+/* 127.0.0.0/8, ::1 (bracketed or not) or "localhost": only this host can connect. */
+static bool
+loopback_host(const char *host)
+{
+	char h[64];
+	struct in_addr a4;
+	struct in6_addr a6;
+	size_t n = strlen(host);
+
+	if (strcmp(host, "localhost") == 0)
+		return true;
+	if (n >= 2 && n < sizeof(h) + 2 && host[0] == '[' && host[n - 1] == ']') {
+		memcpy(h, host + 1, n - 2);
+		h[n - 2] = '\0';
+		host = h;
+	}
+	if (inet_pton(AF_INET, host, &a4) == 1)
+		return (ntohl(a4.s_addr) >> 24) == 127;
+	return inet_pton(AF_INET6, host, &a6) == 1 && memcmp(&a6, &in6addr_loopback, sizeof(a6)) == 0;
+}
+
+/* The directory part of an absolute path ("/" for "/x"); "" if @p p ends in '/'. */
+void
+config_dir_of(const char *p, char *dir, size_t len)
+{
+	const char *slash = strrchr(p, '/');
+	size_t n = slash ? (size_t)(slash - p) : 0;
+
+	dir[0] = '\0';
+	if (!slash || slash[1] == '\0' || n >= len)
+		return;
+	if (n == 0)
+		n = 1; /* the root directory */
+	memcpy(dir, p, n);
+	dir[n] = '\0';
+}
+
+/*
+ * Authentication cannot be switched off by accident: the two ways of giving
+ * the secret exclude each other (else the later key silently wins, even an
+ * empty one), and a node that peers can reach from other hosts needs a
+ * secret unless auth = "none" says otherwise.
+ */
+static int
+check_auth(struct kvp_config *cfg, config_t *lc, struct errctx *e)
+{
+	if (e->secret && e->secret_file) {
+		config_setting_t *later = config_setting_source_line(e->secret) >
+						  config_setting_source_line(e->secret_file)
+					  ? e->secret
+					  : e->secret_file;
+
+		return fail_at(e, later,
+			       "auth: secret and secret_file are both set; keep one (the secret "
+			       "must not depend on the order of the keys)");
+	}
+	if (!cfg->auth_none && cfg->auth_secret[0] == '\0' && !loopback_host(cfg->listen_host))
+		return fail_at(e, e->listen ? e->listen : config_lookup(lc, "auth"),
+			       "listen = \"%s:%u\" is not a loopback address and no auth.secret "
+			       "or auth.secret_file is set: any host that reaches the port could "
+			       "exchange KV with this node. Set a secret, or auth = \"none\" to "
+			       "run unauthenticated on purpose",
+			       cfg->listen_host, cfg->listen_port);
+	return 0;
+}
+
 int
 kvp_config_load(const char *path, struct kvp_config *cfg, char *err, size_t errlen)
 {
@@ -490,10 +549,18 @@ kvp_config_load(const char *path, struct kvp_config *cfg, char *err, size_t errl
 	config_setting_t *root, *peers;
 	int rc = 0;
 
+	char *text = NULL;
+	size_t tlen = 0;
+	FILE *f;
+
 	kvp_config_defaults(cfg);
+	rc = config_text_load(path, &text, &tlen, err, errlen);
+	if (rc < 0)
+		return rc;
 	config_init(&lc);
-	if (config_read_file(&lc, path) != CONFIG_TRUE) {
-		if (config_error_type(&lc) == CONFIG_ERR_FILE_IO) {
+	f = fmemopen(text, tlen, "r");
+	if (!f || config_read(&lc, f) != CONFIG_TRUE) {
+		if (!f || config_error_type(&lc) == CONFIG_ERR_FILE_IO) {
 			snprintf(err, errlen, "%s:0: cannot read file", path);
 			rc = -ENOENT;
 		} else {
@@ -541,16 +608,25 @@ kvp_config_load(const char *path, struct kvp_config *cfg, char *err, size_t errl
 			     cfg->stage_pool, cfg->stage_buf);
 		goto out;
 	}
-	if (cfg->stats_file[0] && cfg->stats_file[0] != '/') {
-		rc = fail_at(&e, config_lookup(&lc, "stats.file"),
-			     "stats.file: expected an absolute path or \"\"");
-		goto out;
+	if (cfg->stats_file[0]) {
+		config_dir_of(cfg->stats_file, cfg->stats_dir, sizeof(cfg->stats_dir));
+		if (cfg->stats_file[0] != '/' || cfg->stats_dir[0] == '\0') {
+			rc = fail_at(&e, config_lookup(&lc, "stats.file"),
+				     "stats.file: expected an absolute path of a file or \"\"");
+			goto out;
+		}
 	}
+	rc = check_auth(cfg, &lc, &e);
+	if (rc < 0)
+		goto out;
 	if (cfg->client_socket[0] == '\0' || cfg->admin_socket[0] == '\0') {
 		rc = fail_at(&e, NULL, "client_socket and admin_socket must be set");
 		goto out;
 	}
 out:
+	if (f)
+		fclose(f);
+	free(text);
 	config_destroy(&lc);
 	return rc;
 }
@@ -564,181 +640,3 @@ kvp_config_peer_index(const struct kvp_config *cfg, const char *node_id)
 	return -1;
 }
 
-/* ---- runtime get/set ---- */
-
-/* Why a key is fixed at start, by key prefix (first match wins). */
-static const struct {
-	const char *prefix;
-	const char *why;
-} fixed_reasons[] = {
-	{ "node_id", "the node's identity: peers know it by this id" },
-	{ "client_socket", "the socket is bound at start" },
-	{ "admin_socket", "the socket is bound at start" },
-	{ "client_group", "the client socket is created with its group at start" },
-	{ "admin_group", "the admin socket is created with its group at start" },
-	{ "listen", "the peer listener is bound at start" },
-	{ "transport", "the transport is chosen and built at start" },
-	{ "cores", "lcores are placed when the EAL starts" },
-	{ "limits.", "tables and rings are sized from it at start (memory never grows)" },
-	{ "timeouts.", "peer links and transports take it at start" },
-	{ "tcp.", "connection buffers are allocated from it at start" },
-	{ "stage.", "the staging pool is allocated at start" },
-	{ "rdma.", "queue pairs and registrations are built from it at start" },
-	{ "auth.", "peers are authenticated with it when they connect" },
-	{ "", "fixed at start" },
-};
-
-static const char *
-fixed_reason(const char *path)
-{
-	for (size_t i = 0; i < sizeof(fixed_reasons) / sizeof(fixed_reasons[0]); i++)
-		if (strncmp(path, fixed_reasons[i].prefix, strlen(fixed_reasons[i].prefix)) == 0)
-			return fixed_reasons[i].why;
-	return "fixed at start";
-}
-
-static void
-describe(const struct conf_row *r, struct kvp_config_info *info)
-{
-	memset(info, 0, sizeof(*info));
-	info->key = r->path;
-	info->kind = r->type == CT_U32 ? KVP_CONF_INT : r->type == CT_BOOL ? KVP_CONF_BOOL
-									    : KVP_CONF_STR;
-	info->runtime = (r->flags & RT) != 0;
-	info->secret = (r->flags & SECRET) != 0;
-	info->min = r->min;
-	info->max = r->max;
-	info->fixed = info->runtime ? NULL : fixed_reason(r->path);
-}
-
-int
-kvp_config_describe(unsigned i, struct kvp_config_info *info)
-{
-	if (i >= NROWS)
-		return -ENOENT;
-	describe(&rows[i], info);
-	return 0;
-}
-
-int
-kvp_config_get(const struct kvp_config *cfg, const char *key, char *buf, size_t len,
-	       struct kvp_config_info *info)
-{
-	const struct conf_row *r = find_row(key);
-	const char *p;
-
-	if (!r)
-		return -ENOENT;
-	if (info)
-		describe(r, info);
-	p = (const char *)cfg + r->off;
-	if (r->flags & SECRET) {
-		snprintf(buf, len, "%s", cfg->auth_secret[0] ? "(set)" : "");
-		return 0;
-	}
-	switch (r->type) {
-	case CT_U32:
-		snprintf(buf, len, "%u", __atomic_load_n((const uint32_t *)p, __ATOMIC_RELAXED));
-		break;
-	case CT_BOOL:
-		snprintf(buf, len, "%s",
-			 __atomic_load_n((const bool *)p, __ATOMIC_RELAXED) ? "true" : "false");
-		break;
-	case CT_HOSTPORT:
-		snprintf(buf, len, "%s:%u", cfg->listen_host, cfg->listen_port);
-		break;
-	case CT_TRANSPORT:
-		snprintf(buf, len, "%s",
-			 cfg->transport == KVP_TRANSPORT_RDMA ? "rdma"
-			 : cfg->transport == KVP_TRANSPORT_AUTO ? "auto"
-								 : "tcp");
-		break;
-	case CT_LOGLEVEL:
-		snprintf(buf, len, "%s",
-			 kvp_log_level_name(__atomic_load_n(&cfg->log_level, __ATOMIC_RELAXED)));
-		break;
-	case CT_GROUP:
-		snprintf(buf, len, "%s", ((const struct kvp_group *)p)->name);
-		break;
-	default:
-		snprintf(buf, len, "%s", p);
-		break;
-	}
-	return 0;
-}
-
-int
-kvp_config_set(struct kvp_config *cfg, const char *key, const char *value, char *why,
-	       size_t whylen)
-{
-	const struct conf_row *r = find_row(key);
-	char *dst;
-
-	if (!r) {
-		snprintf(why, whylen, "unknown key '%.64s'", key);
-		return -ENOENT;
-	}
-	if (!(r->flags & RT)) {
-		snprintf(why, whylen, "%s cannot change at run time: %s; edit the file and restart",
-			 r->path, fixed_reason(r->path));
-		return -EPERM;
-	}
-	dst = (char *)cfg + r->off;
-	switch (r->type) {
-	case CT_U32: {
-		unsigned long long v;
-
-		if (parse_u64(value, &v) < 0 || v < r->min || v > r->max) {
-			snprintf(why, whylen, "%s: expected an integer in [%u, %u], got '%.32s'",
-				 r->path, r->min, r->max, value);
-			return -EINVAL;
-		}
-		__atomic_store_n((uint32_t *)dst, (uint32_t)v, __ATOMIC_RELAXED);
-		return 0;
-	}
-	case CT_BOOL: {
-		bool b;
-
-		if (strcmp(value, "true") == 0 || strcmp(value, "1") == 0) {
-			b = true;
-		} else if (strcmp(value, "false") == 0 || strcmp(value, "0") == 0) {
-			b = false;
-		} else {
-			snprintf(why, whylen, "%s: expected true or false, got '%.32s'", r->path,
-				 value);
-			return -EINVAL;
-		}
-		__atomic_store_n((bool *)dst, b, __ATOMIC_RELAXED);
-		return 0;
-	}
-	case CT_LOGLEVEL: {
-		int lvl = kvp_log_level_parse(value);
-
-		if (lvl < 0) {
-			snprintf(why, whylen,
-				 "%s: expected a log level (emerg, alert, crit, err, warning, "
-				 "notice, info, debug), got '%.32s'",
-				 r->path, value);
-			return -EINVAL;
-		}
-		__atomic_store_n(&cfg->log_level, lvl, __ATOMIC_RELAXED);
-		return 0;
-	}
-	case CT_STR:
-		/* Only the main lcore reads runtime strings: a plain copy is enough. */
-		if (strlen(value) >= r->size) {
-			snprintf(why, whylen, "%s: longer than %zu bytes", r->path, r->size - 1);
-			return -EINVAL;
-		}
-		if (r->off == offsetof(struct kvp_config, stats_file) && value[0] &&
-		    value[0] != '/') {
-			snprintf(why, whylen, "%s: expected an absolute path or \"\"", r->path);
-			return -EINVAL;
-		}
-		strcpy(dst, value);
-		return 0;
-	default:
-		snprintf(why, whylen, "%s cannot change at run time", r->path);
-		return -EPERM;
-	}
-}

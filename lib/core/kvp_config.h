@@ -85,6 +85,7 @@ struct kvp_config {
 	bool stage_host;	/**< stage host regions too (no zero-copy) */
 
 	char auth_secret[256]; /**< shared secret; empty = peers are not authenticated */
+	bool auth_none;	       /**< auth = "none": unauthenticated on purpose (any listen address) */
 
 	/* RDMA transport (lib/gdr). */
 	char rdma_devices[256];	   /**< "dev[:port],..." rails to use; "" = every active port */
@@ -102,6 +103,8 @@ struct kvp_config {
 
 	bool stats_enabled;	    /**< phase histograms and slowest transfers [runtime] */
 	char stats_file[256];	    /**< Prometheus text file written periodically; "" = none */
+	/** Directory of stats_file at start: config_set may only move the file within it. */
+	char stats_dir[256];
 	uint32_t stats_interval_ms; /**< period of the stats file; 0 = only on SIGUSR1 */
 	uint32_t slowest_window_s;  /**< the slowest-transfers table keeps this recent a past */
 

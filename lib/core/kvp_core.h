@@ -581,6 +581,7 @@ struct kvp_worker {
 	uint32_t nxfers;
 	uint32_t *free_idx;
 	uint32_t nfree;
+	uint32_t nbacklog; /**< of the slots in use, transfers ended and waiting for CQ room */
 	struct kvp_seg *segs; /**< nxfers * max_segments */
 	struct kvp_sqe_seg *sqe_scratch;
 
@@ -780,6 +781,7 @@ struct kvp_admin_stats {
 	uint64_t slow;	   /**< a request line or a reply took longer than timeouts.admin_ms */
 	uint64_t idle;	   /**< nothing to do for timeouts.admin_idle_ms */
 	uint64_t too_long; /**< a request line longer than KVP_ADMIN_LINEMAX */
+	uint64_t no_fds;   /**< refused: kvproxyd had no file descriptor left */
 };
 
 /** An RDMA port as found at start (filled by the application from its probe). */
@@ -834,6 +836,15 @@ struct kvp_node {
 	uint64_t auth_failures;
 	uint64_t clients_refused_cred;	/**< client connections from a uid/group not allowed */
 	uint64_t clients_refused_limit; /**< client connections beyond limits.max_clients */
+	uint64_t clients_refused_fds;	/**< clients refused for want of file descriptors */
+	uint64_t client_handshake_failures; /**< HELLOs refused or missing (protocol, rings, time) */
+	uint64_t ring_violations;	/**< clients disconnected for breaking the ring protocol */
+	uint64_t client_accept_pauses;	/**< times the client listener left epoll (no fds) */
+	int spare_fd;			/**< given up to accept (and refuse) a connection when out of fds */
+	bool client_accept_paused;
+	uint64_t client_accept_retry_ns;
+	bool admin_accept_paused;
+	uint64_t admin_accept_retry_ns;
 	uint64_t next_reap_ns;
 	volatile bool quit;
 
@@ -873,6 +884,34 @@ int kvp_node_init(struct kvp_node *n, const struct kvp_config *cfg,
 		  const struct kvp_transport_ops *tops, unsigned nworkers, char *err,
 		  size_t errlen);
 
+/**
+ * Open files a node with this configuration may need at once: per client
+ * its socket, completion eventfd and one fd it sent ahead of its request;
+ * per peer both directions' links and a dial; admin connections, pending
+ * peer handshakes, and a reserve for the EAL, the transports and the CUDA
+ * driver.
+ */
+uint64_t kvp_node_fd_need(const struct kvp_config *cfg);
+
+/**
+ * Settle RLIMIT_NOFILE before start: with @p raise, lift the soft limit to
+ * the hard one (never lowers it); then compare with kvp_node_fd_need().
+ *
+ * @param msg  receives what was found (and done), or why it is not enough
+ * @return 0; -EMFILE if the limit cannot cover the configuration
+ */
+int kvp_node_fd_limit(const struct kvp_config *cfg, bool raise, char *msg, size_t msglen);
+
+/**
+ * Out of file descriptors: give up the node's spare one and accept one
+ * connection on @p lfd, to refuse it with the reason (the caller closes it).
+ * @return the connection, or -1 (no spare, or nothing to accept)
+ */
+int kvp_node_accept_spare(struct kvp_node *n, int lfd);
+
+/** Take the spare descriptor back after kvp_node_accept_spare(). @return false if none was left */
+bool kvp_node_spare_restore(struct kvp_node *n);
+
 /** Run the control plane for up to @p timeout_ms (one epoll round plus timers). */
 void kvp_node_poll(struct kvp_node *n, int timeout_ms);
 
@@ -890,6 +929,8 @@ struct kvp_msg *kvp_node_msg(struct kvp_node *n, int type);
 
 /* client_srv.c */
 void kvp_client_accept(struct kvp_node *n);
+/** Watch the client listener again after a pause for want of file descriptors. */
+void kvp_client_accept_resume(struct kvp_node *n);
 void kvp_client_input(struct kvp_node *n, uint32_t slot);
 void kvp_client_drop(struct kvp_node *n, struct kvp_client_conn *c, const char *why);
 void kvp_client_gone(struct kvp_node *n, struct kvp_chan *ch);
@@ -935,7 +976,10 @@ size_t kvp_stats_prometheus(const struct kvp_node *n, char *out, size_t outlen);
 
 /**
  * Write the Prometheus text to cfg.stats_file (temporary file + rename, the
- * node_exporter textfile convention). Main lcore.
+ * node_exporter textfile convention). The temporary file gets an
+ * unpredictable name in the target's directory and is created with O_EXCL |
+ * O_NOFOLLOW; rename() replaces the target name itself, never what a link
+ * there points to. Main lcore.
  *
  * @return 0; -ENOENT if no file is configured; negative errno on I/O failure
  */

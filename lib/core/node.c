@@ -5,6 +5,7 @@
  * comes from the configuration; nothing grows afterwards.
  */
 #include <errno.h>
+#include <inttypes.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,6 +14,7 @@
 #include <sys/eventfd.h>
 #include <sys/file.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -28,6 +30,64 @@
 
 #define MSG_POOL_SIZE 4095
 #define REAP_PERIOD_NS 10000000ull
+/* EAL (~20 seen), stdio, epoll, eventfds, listeners and locks, io_uring, the spare fd, RDMA devices, CUDA. */
+#define FD_RESERVE 128
+#define FD_PER_CLIENT 3
+/* glibc's default nr_open: setrlimit refuses more, and more is never needed. */
+#define FD_SOFT_CAP (1ull << 20)
+
+uint64_t
+kvp_node_fd_need(const struct kvp_config *cfg)
+{
+	uint64_t per_peer = 2ull * cfg->tcp_conns + 1;
+
+	return FD_RESERVE + (uint64_t)FD_PER_CLIENT * cfg->max_clients + per_peer * cfg->npeers +
+	       KVP_ADMIN_CONNS + KVP_PENDING_MAX;
+}
+
+int
+kvp_node_fd_limit(const struct kvp_config *cfg, bool raise, char *msg, size_t msglen)
+{
+	uint64_t need = kvp_node_fd_need(cfg), was;
+	struct rlimit rl;
+
+	if (getrlimit(RLIMIT_NOFILE, &rl) < 0) {
+		snprintf(msg, msglen, "getrlimit(RLIMIT_NOFILE): %s", strerror(errno));
+		return -errno;
+	}
+	was = rl.rlim_cur;
+	if (raise && rl.rlim_cur < rl.rlim_max) {
+		struct rlimit up = rl;
+
+		up.rlim_cur = rl.rlim_max > FD_SOFT_CAP ? FD_SOFT_CAP : rl.rlim_max;
+		if (up.rlim_cur > rl.rlim_cur && setrlimit(RLIMIT_NOFILE, &up) == 0)
+			rl = up;
+	}
+	if ((uint64_t)rl.rlim_cur >= need) {
+		if (rl.rlim_cur != was)
+			snprintf(msg, msglen,
+				 "open files: limit %" PRIu64 " (raised from %" PRIu64 "), this "
+				 "configuration needs up to %" PRIu64,
+				 (uint64_t)rl.rlim_cur, was, need);
+		else
+			snprintf(msg, msglen,
+				 "open files: limit %" PRIu64 ", this configuration needs up to %" PRIu64,
+				 (uint64_t)rl.rlim_cur, need);
+		return 0;
+	}
+	uint64_t other = need - (uint64_t)FD_PER_CLIENT * cfg->max_clients;
+	uint64_t fit = rl.rlim_cur > other ? ((uint64_t)rl.rlim_cur - other) / FD_PER_CLIENT : 0;
+
+	snprintf(msg, msglen,
+		 "limits.max_clients = %u with %u peer(s) needs up to %" PRIu64 " open files (%d "
+		 "per client, %u per peer, %u for the rest) but RLIMIT_NOFILE is %" PRIu64
+		 " (hard limit %" PRIu64 "): raise the limit (ulimit -n, LimitNOFILE= in the "
+		 "systemd unit) or lower limits.max_clients to %" PRIu64 " or less",
+		 cfg->max_clients, cfg->npeers, need, FD_PER_CLIENT, 2 * cfg->tcp_conns + 1,
+		 (unsigned)(other - (2ull * cfg->tcp_conns + 1) * cfg->npeers),
+		 (uint64_t)rl.rlim_cur, (uint64_t)rl.rlim_max, fit);
+	return -EMFILE;
+}
 
 static int
 watch_ctl(struct kvp_node *n, int op, int fd, uint32_t events, enum kvp_ep_kind k, uint32_t idx)
@@ -81,6 +141,64 @@ kvp_node_send(struct kvp_node *n, unsigned worker, struct kvp_msg *m)
 	if (write(w->evfd, &one, sizeof(one)) < 0) {
 		/* EAGAIN: the counter is saturated; the worker wakes anyway. */
 	}
+	return 0;
+}
+
+int
+kvp_node_accept_spare(struct kvp_node *n, int lfd)
+{
+	int fd = -1;
+
+	if (n->spare_fd >= 0) {
+		close(n->spare_fd);
+		n->spare_fd = -1;
+		fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+	}
+	return fd;
+}
+
+bool
+kvp_node_spare_restore(struct kvp_node *n)
+{
+	if (n->spare_fd < 0)
+		n->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+	return n->spare_fd >= 0;
+}
+
+/*
+ * Create the socket's directory when it is missing (its last component
+ * only: a missing parent is a configuration error): mode @p mode, group
+ * @p grp when one is configured, so that the socket's own group can reach
+ * it and nobody else can list it. An existing directory is left as it is.
+ */
+static int
+sock_dir(const char *path, const struct kvp_group *grp, mode_t mode, char *err, size_t errlen)
+{
+	const char *slash = strrchr(path, '/');
+	char dir[KVP_PATH_MAX];
+	struct stat st;
+	size_t n = slash ? (size_t)(slash - path) : 0;
+
+	if (n == 0 || n >= sizeof(dir))
+		return 0;
+	memcpy(dir, path, n);
+	dir[n] = '\0';
+	if (stat(dir, &st) == 0) {
+		if (S_ISDIR(st.st_mode))
+			return 0;
+		snprintf(err, errlen, "%s: the socket's directory %s is not a directory", path, dir);
+		return -ENOTDIR;
+	}
+	if (errno != ENOENT || (mkdir(dir, mode) < 0 && errno != EEXIST) ||
+	    (grp->name[0] && chown(dir, (uid_t)-1, (gid_t)grp->gid) < 0) || chmod(dir, mode) < 0) {
+		int e = errno;
+
+		snprintf(err, errlen, "%s: cannot create the socket directory %s: %s", path, dir,
+			 strerror(e));
+		return -e;
+	}
+	KVP_LOG(NOTICE, core, "created the socket directory %s (mode %04o%s%s)", dir,
+		(unsigned)mode, grp->name[0] ? ", group " : "", grp->name);
 	return 0;
 }
 
@@ -168,6 +286,7 @@ kvp_node_init(struct kvp_node *n, const struct kvp_config *cfg,
 	n->tops = tops;
 	n->start_ns = kvp_mono_ns();
 	n->client_lfd = n->admin_lfd = n->peer_lfd = n->lock_fd = n->evfd = n->epfd = -1;
+	n->spare_fd = -1;
 	for (unsigned i = 0; i < KVP_ADMIN_CONNS; i++)
 		n->admin[i].fd = -1;
 	for (unsigned i = 0; i < KVP_PENDING_MAX; i++)
@@ -243,6 +362,31 @@ kvp_node_init(struct kvp_node *n, const struct kvp_config *cfg,
 		n->nworkers = i + 1;
 	}
 
+	/* Kept to accept (and refuse, with the reason) a client when no fd is left. */
+	n->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+	/*
+	 * Both sockets in one missing directory but for different groups: 0755
+	 * (the sockets' own 0660 modes and SO_PEERCRED still decide who gets in).
+	 */
+	char cdir[KVP_PATH_MAX], adir[KVP_PATH_MAX];
+
+	snprintf(cdir, sizeof(cdir), "%s", cfg->client_socket);
+	snprintf(adir, sizeof(adir), "%s", cfg->admin_socket);
+	char *cs = strrchr(cdir, '/'), *as = strrchr(adir, '/');
+
+	/* Relative paths without a '/': the current directory, never created. */
+	*(cs ? cs : cdir) = '\0';
+	*(as ? as : adir) = '\0';
+	mode_t dmode = strcmp(cdir, adir) == 0 && cfg->client_group.gid != cfg->admin_group.gid &&
+			       (cfg->client_group.name[0] || cfg->admin_group.name[0])
+			       ? 0755
+			       : 0750;
+
+	rc = sock_dir(cfg->client_socket, &cfg->client_group, dmode, err, errlen);
+	if (rc == 0)
+		rc = sock_dir(cfg->admin_socket, &cfg->admin_group, dmode, err, errlen);
+	if (rc < 0)
+		goto err;
 	rc = unix_listen(cfg->client_socket, &cfg->client_group, &n->lock_fd, err, errlen);
 	if (rc < 0)
 		goto err;
@@ -405,6 +549,8 @@ kvp_node_fini(struct kvp_node *n)
 	}
 	if (n->lock_fd >= 0)
 		close(n->lock_fd);
+	if (n->spare_fd >= 0)
+		close(n->spare_fd);
 	if (n->evfd >= 0)
 		close(n->evfd);
 	if (n->epfd >= 0)

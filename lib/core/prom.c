@@ -10,6 +10,8 @@
 #include <unistd.h>
 
 #include <fcntl.h>
+#include <inttypes.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 
 #include <jansson.h>
@@ -231,17 +233,35 @@ kvp_stats_prometheus(const struct kvp_node *n, char *out, size_t outlen)
 	pb(&b, "kvproxy_auth_failures_total{node=\"%s\"} %" PRIu64 "\n", node, n->auth_failures);
 	head(&b, "kvproxy_clients_refused_total", "counter",
 	     "Client connections refused: credentials (not our uid, root or client_group), "
-	     "limit (limits.max_clients).");
+	     "limit (limits.max_clients), fds (no file descriptor left).");
 	pb(&b, "kvproxy_clients_refused_total{node=\"%s\",reason=\"credentials\"} %" PRIu64 "\n",
 	   node, n->clients_refused_cred);
 	pb(&b, "kvproxy_clients_refused_total{node=\"%s\",reason=\"limit\"} %" PRIu64 "\n", node,
 	   n->clients_refused_limit);
+	pb(&b, "kvproxy_clients_refused_total{node=\"%s\",reason=\"fds\"} %" PRIu64 "\n", node,
+	   n->clients_refused_fds);
+	head(&b, "kvproxy_client_accept_pauses_total", "counter",
+	     "Times the client listener stopped accepting for want of file descriptors.");
+	pb(&b, "kvproxy_client_accept_pauses_total{node=\"%s\"} %" PRIu64 "\n", node,
+	   n->client_accept_pauses);
+	head(&b, "kvproxy_client_handshake_failures_total", "counter",
+	     "Client HELLOs refused (protocol, ring sizes, resources) or not sent in time.");
+	pb(&b, "kvproxy_client_handshake_failures_total{node=\"%s\"} %" PRIu64 "\n", node,
+	   n->client_handshake_failures);
+	head(&b, "kvproxy_ring_violations_total", "counter",
+	     "Clients disconnected for breaking the shared-ring protocol.");
+	pb(&b, "kvproxy_ring_violations_total{node=\"%s\"} %" PRIu64 "\n", node,
+	   n->ring_violations);
 	head(&b, "kvproxy_admin_connections", "gauge", "Admin connections open.");
 	pb(&b, "kvproxy_admin_connections{node=\"%s\"} %u\n", node, kvp_admin_open(n));
 	head(&b, "kvproxy_admin_refused_total", "counter",
 	     "Admin connections refused: the connection limit was reached.");
 	pb(&b, "kvproxy_admin_refused_total{node=\"%s\"} %" PRIu64 "\n", node,
 	   n->admin_stats.refused);
+	head(&b, "kvproxy_admin_refused_fds_total", "counter",
+	     "Admin connections refused: no file descriptor left.");
+	pb(&b, "kvproxy_admin_refused_fds_total{node=\"%s\"} %" PRIu64 "\n", node,
+	   n->admin_stats.no_fds);
 	head(&b, "kvproxy_admin_cut_total", "counter",
 	     "Admin connections closed by the daemon: slow (request line or reply beyond "
 	     "timeouts.admin_ms), idle (timeouts.admin_idle_ms), too_long (request line).");
@@ -306,23 +326,58 @@ kvp_stats_prometheus(const struct kvp_node *n, char *out, size_t outlen)
 	return b.len;
 }
 
+/*
+ * A new file in @p dirfd under an unpredictable name: ".BASE.XXXXXXXXXXXXXXXX"
+ * (64 random bits), created with O_EXCL | O_NOFOLLOW so that nothing planted
+ * there (a symlink, a file of another user) is ever opened.
+ */
+static int
+open_temp(int dirfd, const char *base, char *name, size_t len)
+{
+	for (int tries = 0; tries < 16; tries++) {
+		uint64_t r;
+
+		if (getrandom(&r, sizeof(r), 0) != sizeof(r))
+			return -EIO;
+		snprintf(name, len, ".%.200s.%016" PRIx64, base, r);
+		int fd = openat(dirfd, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
+				0644);
+
+		if (fd >= 0 || errno != EEXIST)
+			return fd >= 0 ? fd : -errno;
+	}
+	return -EEXIST;
+}
+
 int
 kvp_stats_write_file(struct kvp_node *n)
 {
 	const char *path = n->cfg.stats_file;
-	char tmp[sizeof(n->cfg.stats_file) + 16];
+	char dir[sizeof(n->cfg.stats_file)], tmp[256];
+	const char *base;
 	size_t len, off = 0;
-	int fd, rc = 0;
+	int dfd, fd, rc = 0;
 
 	if (path[0] == '\0')
 		return -ENOENT;
 	len = kvp_stats_prometheus(n, n->stats_buf, KVP_STATS_TEXT_MAX);
-	/* Same directory, then rename: a collector never reads half a file. */
-	snprintf(tmp, sizeof(tmp), "%s.%d.tmp", path, (int)getpid());
-	fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-	if (fd < 0) {
+	/*
+	 * Same directory, then rename: a collector never reads half a file, and
+	 * rename() replaces whatever is at the name (a planted symlink
+	 * included) without following it.
+	 */
+	base = strrchr(path, '/');
+	base = base ? base + 1 : path;
+	snprintf(dir, sizeof(dir), "%.*s", base - path > 1 ? (int)(base - path - 1) : 1, path);
+	dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (dfd < 0) {
 		rc = -errno;
 		goto err;
+	}
+	fd = open_temp(dfd, base, tmp, sizeof(tmp));
+	if (fd < 0) {
+		rc = fd;
+		goto err_close_dir;
 	}
 	while (off < len) {
 		ssize_t w = write(fd, n->stats_buf + off, len - off);
@@ -336,19 +391,24 @@ kvp_stats_write_file(struct kvp_node *n)
 		}
 		off += (size_t)w;
 	}
-	if (close(fd) < 0) {
+	/* World-readable as the textfile collector expects, whatever our umask. */
+	rc = fchmod(fd, 0644) < 0 ? -errno : 0;
+	if (close(fd) < 0 && rc == 0)
+		rc = -errno;
+	if (rc < 0)
+		goto err_unlink;
+	if (renameat(dfd, tmp, dfd, base) < 0) {
 		rc = -errno;
 		goto err_unlink;
 	}
-	if (rename(tmp, path) < 0) {
-		rc = -errno;
-		goto err_unlink;
-	}
+	close(dfd);
 	n->stats_writes++;
 	return 0;
 
 err_unlink:
-	unlink(tmp);
+	unlinkat(dfd, tmp, 0);
+err_close_dir:
+	close(dfd);
 err:
 	n->stats_write_errors++;
 	KVP_LOG_RL(WARNING, core, "stats file %s: %s", path, strerror(-rc));

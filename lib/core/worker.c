@@ -332,8 +332,9 @@ chan_post(struct kvp_chan *ch, const struct kvp_cqe *c)
 }
 
 static void
-backlog_push(struct kvp_chan *ch, struct kvp_xfer *x)
+backlog_push(struct kvp_worker *w, struct kvp_chan *ch, struct kvp_xfer *x)
 {
+	w->nbacklog++;
 	x->state = KVP_XS_BACKLOG;
 	x->next = NULL;
 	if (ch->backlog_tail)
@@ -366,7 +367,7 @@ kvp_worker_xfer_end(struct kvp_worker *w, struct kvp_xfer *x, int status)
 	x->chan->inflight--;
 	if (x->chan->backlog_head || !post_done(x, now)) {
 		x->ts[KVP_TS_DONE] = 0;
-		backlog_push(x->chan, x);
+		backlog_push(w, x->chan, x);
 		return;
 	}
 	xfer_free(w, x, now);
@@ -449,6 +450,7 @@ chan_del(struct kvp_worker *w, struct kvp_chan *ch)
 
 	for (struct kvp_xfer *x = ch->backlog_head, *n; x; x = n) {
 		n = x->next;
+		w->nbacklog--;
 		xfer_free(w, x, now);
 	}
 	ch->backlog_head = ch->backlog_tail = NULL;
@@ -810,6 +812,7 @@ drain_backlog(struct kvp_worker *w, struct kvp_chan *ch, uint64_t now)
 		ch->backlog_head = x->next;
 		if (!ch->backlog_head)
 			ch->backlog_tail = NULL;
+		w->nbacklog--;
 		xfer_free(w, x, now);
 		n++;
 	}
@@ -845,6 +848,42 @@ kvp_worker_timers(struct kvp_worker *w, uint64_t now)
 	return work;
 }
 
+/*
+ * CQ entries @p ch must have free before the worker can move it on: one
+ * for its oldest backlogged completion, else (submissions waiting) one more
+ * than its transfers in flight, as poll_chan() keeps; 0 if it needs none.
+ */
+static uint32_t
+cq_room_needed(struct kvp_chan *ch)
+{
+	if (ch->backlog_head)
+		return 1;
+	int n = kvp_ring_count(&ch->sq);
+
+	/* An impossible index is work: poll_chan() reports it. */
+	if (n < 0)
+		return UINT32_MAX;
+	return n > 0 ? ch->inflight + 1 : 0;
+}
+
+/*
+ * Arm one channel's wakeups. A channel stuck on a full CQ is parked: the
+ * client rings the worker's doorbell when it reads (room_wakeup), so it
+ * costs nothing until then, however long its SQ or backlog.
+ * @return false if the channel has work now
+ */
+static bool
+chan_prepare_sleep(struct kvp_chan *ch)
+{
+	uint32_t want = cq_room_needed(ch);
+
+	if (want == UINT32_MAX)
+		return false;
+	if (want == 0)
+		return kvp_ring_prepare_wait(&ch->sq);
+	return kvp_ring_prepare_wait_room(&ch->cq, want);
+}
+
 bool
 kvp_worker_prepare_sleep(struct kvp_worker *w)
 {
@@ -853,13 +892,10 @@ kvp_worker_prepare_sleep(struct kvp_worker *w)
 	for (uint32_t i = 0; i < w->chan_slots && ok; i++) {
 		struct kvp_chan *ch = w->chans[i];
 
-		if (ch && !ch->broken && !kvp_ring_prepare_wait(&ch->sq))
+		if (ch && !ch->broken && !chan_prepare_sleep(ch))
 			ok = false;
 	}
-	/* A backlogged completion or an inbox message also means there is work. */
-	for (uint32_t i = 0; i < w->chan_slots && ok; i++)
-		if (w->chans[i] && w->chans[i]->backlog_head)
-			ok = false;
+	/* An inbox message also means there is work. */
 	if (ok && rte_ring_count(w->inbox) != 0)
 		ok = false;
 	if (!ok)
@@ -873,8 +909,10 @@ kvp_worker_finish_sleep(struct kvp_worker *w)
 	uint64_t v;
 
 	for (uint32_t i = 0; i < w->chan_slots; i++)
-		if (w->chans[i])
+		if (w->chans[i]) {
 			kvp_ring_finish_wait(&w->chans[i]->sq);
+			kvp_ring_finish_wait_room(&w->chans[i]->cq);
+		}
 	if (read(w->evfd, &v, sizeof(v)) < 0) {
 		/* EAGAIN: nobody rang. */
 	}

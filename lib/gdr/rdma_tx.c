@@ -39,6 +39,26 @@ list_append(struct rpeer *rp, struct kvp_xfer *x)
 	rp->post_tail = x;
 }
 
+/*
+ * A transfer whose WRITEs all completed goes before those still posting:
+ * its notice is one WR, and behind their WRITEs it would wait until every
+ * later transfer was posted (every landing held back to the end).
+ */
+static void
+list_insert_flushed(struct rpeer *rp, struct kvp_xfer *x)
+{
+	struct kvp_xfer **pp = &rp->post_head, *prev = NULL;
+
+	while (*pp && (*pp)->t_state == RS_FLUSH) {
+		prev = *pp;
+		pp = &(*pp)->next;
+	}
+	x->next = *pp;
+	*pp = x;
+	if (rp->post_tail == prev)
+		rp->post_tail = x;
+}
+
 static void
 list_remove(struct rpeer *rp, struct kvp_xfer *x)
 {
@@ -77,7 +97,7 @@ settle(struct rdma_ctx *c, struct kvp_xfer *x)
 	if (x->t_state == RS_DRAIN)
 		finish(c, x, x->status, true);
 	else if (x->t_state == RS_FLUSH)
-		list_append(&c->peers[x->peer], x); /* tx_progress posts the imm */
+		list_insert_flushed(&c->peers[x->peer], x); /* tx_progress posts the imm */
 }
 
 int

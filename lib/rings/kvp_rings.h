@@ -18,18 +18,44 @@
  * Memory: the channel belongs to kvproxyd; the client maps it. Nothing here
  * allocates. Layout changes append fields only; KVP_ABI_VERSION changes when
  * they do, and every structure is pinned with static_assert.
+ *
+ * C++: the header compiles from C++11 on. C++ has no _Atomic before C++23,
+ * and C's <stdatomic.h> cannot be mixed with <atomic>, so there the shared
+ * indices are plain uint32_t reached through the GCC/Clang __atomic builtins:
+ * the same size, alignment and instructions as C11's atomic_*_explicit on
+ * these naturally aligned 4-byte fields (the static_asserts below hold in
+ * both languages), so the C ABI is the same whichever language a client uses.
  */
 #ifndef KVP_RINGS_H
 #define KVP_RINGS_H
 
 #include <assert.h>
 #include <errno.h>
-#include <stdalign.h>
-#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
+
+#ifdef __cplusplus
+#define KVP_ATOMIC_U32		     uint32_t
+#define KVP_LOAD_ACQUIRE(p)	     __atomic_load_n((p), __ATOMIC_ACQUIRE)
+#define KVP_LOAD_RELAXED(p)	     __atomic_load_n((p), __ATOMIC_RELAXED)
+#define KVP_STORE_RELEASE(p, v)	     __atomic_store_n((p), (v), __ATOMIC_RELEASE)
+#define KVP_STORE_RELAXED(p, v)	     __atomic_store_n((p), (v), __ATOMIC_RELAXED)
+#define KVP_FENCE_SEQ_CST()	     __atomic_thread_fence(__ATOMIC_SEQ_CST)
+#else
+#include <stdalign.h>
+#include <stdatomic.h>
+#define KVP_ATOMIC_U32		     _Atomic uint32_t
+#define KVP_LOAD_ACQUIRE(p)	     atomic_load_explicit((p), memory_order_acquire)
+#define KVP_LOAD_RELAXED(p)	     atomic_load_explicit((p), memory_order_relaxed)
+#define KVP_STORE_RELEASE(p, v)	     atomic_store_explicit((p), (v), memory_order_release)
+#define KVP_STORE_RELAXED(p, v)	     atomic_store_explicit((p), (v), memory_order_relaxed)
+#define KVP_FENCE_SEQ_CST()	     atomic_thread_fence(memory_order_seq_cst)
+static_assert(sizeof(_Atomic uint32_t) == sizeof(uint32_t) &&
+		      alignof(_Atomic uint32_t) == alignof(uint32_t),
+	      "C++ sees the ring indices as plain uint32_t");
+#endif
 
 #ifdef __cplusplus
 extern "C" {
@@ -205,20 +231,34 @@ static_assert(offsetof(struct kvp_cqe, phase_ns) == 40, "CQE ABI");
 /** Shared part of one SPSC ring; the slots live elsewhere in the channel. */
 struct kvp_ring_shm {
 	/* Written by the producer (release), read by the consumer (acquire). */
-	alignas(KVP_CACHE_LINE) _Atomic uint32_t prod;
+	alignas(KVP_CACHE_LINE) KVP_ATOMIC_U32 prod;
 	/* Written by the consumer (release), read by the producer (acquire). */
-	alignas(KVP_CACHE_LINE) _Atomic uint32_t cons;
+	alignas(KVP_CACHE_LINE) KVP_ATOMIC_U32 cons;
 	/*
 	 * Set by the consumer before it blocks; the producer reads it after a
 	 * seq_cst fence that follows its publish of prod (Dekker pairing with
 	 * the consumer's fence between setting it and re-checking prod).
 	 */
-	alignas(KVP_CACHE_LINE) _Atomic uint32_t need_wakeup;
+	alignas(KVP_CACHE_LINE) KVP_ATOMIC_U32 need_wakeup;
 	/* Entries the producer dropped because the ring was full (CQ only). */
-	_Atomic uint32_t overflow;
+	KVP_ATOMIC_U32 overflow;
+	/*
+	 * The other direction of need_wakeup: set by the producer before it
+	 * sleeps on a full ring (kvproxyd parking a client that does not read
+	 * its CQ); the consumer reads it after a seq_cst fence that follows its
+	 * release of cons (Dekker pairing with the producer's fence between
+	 * setting it and re-checking cons), and then rings the producer's
+	 * doorbell. Was padding before: a consumer that never looks at it only
+	 * makes the producer wait for its own timeout.
+	 */
+	KVP_ATOMIC_U32 room_wakeup;
 };
 
 static_assert(sizeof(struct kvp_ring_shm) == 3 * KVP_CACHE_LINE, "ring ABI");
+static_assert(offsetof(struct kvp_ring_shm, cons) == KVP_CACHE_LINE, "ring ABI");
+static_assert(offsetof(struct kvp_ring_shm, need_wakeup) == 2 * KVP_CACHE_LINE, "ring ABI");
+static_assert(offsetof(struct kvp_ring_shm, overflow) == 2 * KVP_CACHE_LINE + 4, "ring ABI");
+static_assert(offsetof(struct kvp_ring_shm, room_wakeup) == 2 * KVP_CACHE_LINE + 8, "ring ABI");
 
 /** Channel header at offset 0 of the shared object. */
 struct kvp_chan_hdr {
@@ -280,7 +320,7 @@ static inline int
 kvp_ring_free(struct kvp_ring *r)
 {
 	/* Pairs with the consumer's release store of cons. */
-	uint32_t cons = atomic_load_explicit(&r->shm->cons, memory_order_acquire);
+	uint32_t cons = KVP_LOAD_ACQUIRE(&r->shm->cons);
 	uint32_t used = r->local - cons;
 
 	/*
@@ -324,7 +364,7 @@ kvp_ring_enqueue_bulk(struct kvp_ring *r, const void *objs, uint32_t n)
 		       (size_t)(n - first) * r->esize);
 	r->local = prod + n;
 	/* Pairs with the consumer's acquire load of prod in kvp_ring_count(). */
-	atomic_store_explicit(&r->shm->prod, r->local, memory_order_release);
+	KVP_STORE_RELEASE(&r->shm->prod, r->local);
 	return (int)n;
 }
 
@@ -333,7 +373,7 @@ static inline int
 kvp_ring_count(struct kvp_ring *r)
 {
 	/* Pairs with the producer's release store of prod. */
-	uint32_t prod = atomic_load_explicit(&r->shm->prod, memory_order_acquire);
+	uint32_t prod = KVP_LOAD_ACQUIRE(&r->shm->prod);
 	uint32_t avail = prod - r->local;
 
 	/* Never cache an impossible index: the dequeue fast path trusts r->cached. */
@@ -358,7 +398,7 @@ kvp_ring_consume(struct kvp_ring *r, uint32_t n)
 {
 	r->local += n;
 	/* Pairs with the producer's acquire load of cons in kvp_ring_free(). */
-	atomic_store_explicit(&r->shm->cons, r->local, memory_order_release);
+	KVP_STORE_RELEASE(&r->shm->cons, r->local);
 }
 
 /**
@@ -402,11 +442,11 @@ kvp_ring_dequeue_burst(struct kvp_ring *r, void *objs, uint32_t n)
 static inline bool
 kvp_ring_prepare_wait(struct kvp_ring *r)
 {
-	atomic_store_explicit(&r->shm->need_wakeup, 1, memory_order_relaxed);
+	KVP_STORE_RELAXED(&r->shm->need_wakeup, 1u);
 	/* Pairs with the fence in kvp_ring_wakeup_needed(). */
-	atomic_thread_fence(memory_order_seq_cst);
+	KVP_FENCE_SEQ_CST();
 	if (kvp_ring_count(r) != 0) {
-		atomic_store_explicit(&r->shm->need_wakeup, 0, memory_order_relaxed);
+		KVP_STORE_RELAXED(&r->shm->need_wakeup, 0u);
 		return false;
 	}
 	return true;
@@ -416,7 +456,7 @@ kvp_ring_prepare_wait(struct kvp_ring *r)
 static inline void
 kvp_ring_finish_wait(struct kvp_ring *r)
 {
-	atomic_store_explicit(&r->shm->need_wakeup, 0, memory_order_relaxed);
+	KVP_STORE_RELAXED(&r->shm->need_wakeup, 0u);
 }
 
 /** Producer side, after an enqueue: true if the consumer must be woken. */
@@ -424,8 +464,55 @@ static inline bool
 kvp_ring_wakeup_needed(struct kvp_ring *r)
 {
 	/* Pairs with the fence in kvp_ring_prepare_wait(). */
-	atomic_thread_fence(memory_order_seq_cst);
-	return atomic_load_explicit(&r->shm->need_wakeup, memory_order_relaxed) != 0;
+	KVP_FENCE_SEQ_CST();
+	return KVP_LOAD_RELAXED(&r->shm->need_wakeup) != 0;
+}
+
+/**
+ * Producer side, before sleeping on a ring with fewer than @p want free
+ * entries: ask the consumer to ring the producer's doorbell when it frees
+ * some (kvp_ring_room_wakeup_needed()), then re-check.
+ *
+ * @return true if fewer than @p want entries are free still and the caller
+ *   may sleep; false if room appeared or the consumer's index is impossible
+ *   (the flag is cleared again; the caller looks at the ring once more)
+ */
+static inline bool
+kvp_ring_prepare_wait_room(struct kvp_ring *r, uint32_t want)
+{
+	KVP_STORE_RELAXED(&r->shm->room_wakeup, 1u);
+	/* Pairs with the fence in kvp_ring_room_wakeup_needed(). */
+	KVP_FENCE_SEQ_CST();
+	int room = kvp_ring_free(r);
+
+	if (room < 0 || (uint32_t)room >= want) {
+		KVP_STORE_RELAXED(&r->shm->room_wakeup, 0u);
+		return false;
+	}
+	return true;
+}
+
+/** Producer side, after waking up from kvp_ring_prepare_wait_room(). */
+static inline void
+kvp_ring_finish_wait_room(struct kvp_ring *r)
+{
+	KVP_STORE_RELAXED(&r->shm->room_wakeup, 0u);
+}
+
+/**
+ * Consumer side, after a dequeue freed entries: true if the producer sleeps
+ * waiting for room and must be woken (the flag is cleared, so one wakeup
+ * per sleep).
+ */
+static inline bool
+kvp_ring_room_wakeup_needed(struct kvp_ring *r)
+{
+	/* Pairs with the fence in kvp_ring_prepare_wait_room(). */
+	KVP_FENCE_SEQ_CST();
+	if (KVP_LOAD_RELAXED(&r->shm->room_wakeup) == 0)
+		return false;
+	KVP_STORE_RELAXED(&r->shm->room_wakeup, 0u);
+	return true;
 }
 
 /* ---- client socket protocol (UNIX stream, fixed-size messages) ---- */
@@ -434,6 +521,13 @@ kvp_ring_wakeup_needed(struct kvp_ring *r)
 #define KVP_CTRL_MSGLEN 256u
 #define KVP_ERRMSG_MAX	160
 
+/*
+ * A connection kvproxyd refuses before it has read its HELLO (credentials,
+ * limits.max_clients reached, no file descriptor left) gets a HELLO reply
+ * with err and errmsg and seq 1 (libkvproxy's HELLO is a connection's first
+ * request, seq 1) and is closed; the client may find its own HELLO refused
+ * by the closed socket, and reads that reply all the same.
+ */
 enum kvp_ctrl_op {
 	KVP_CTRL_HELLO = 1,	 /**< -> channel fd, SQ doorbell fd, CQ notify fd */
 	KVP_CTRL_REG = 2,	 /**< fd attached: map it as a region -> key */

@@ -75,6 +75,27 @@ def _metadata(p: Dict) -> str:
     return "\n".join(lines) + "\n\n" + body
 
 
+def _entry_points(p: Dict) -> str:
+    """entry_points.txt (the packaging spec's INI format) from ``[project.scripts]``,
+    ``[project.gui-scripts]`` and ``[project.entry-points.<group>]``; "" if none.
+    Plugin hosts (sglang's ``sglang.srt.plugins``) find the package through it."""
+    groups: List[Tuple[str, Dict[str, str]]] = []
+    if p.get("scripts"):
+        groups.append(("console_scripts", p["scripts"]))
+    if p.get("gui-scripts"):
+        groups.append(("gui_scripts", p["gui-scripts"]))
+    for group, eps in sorted((p.get("entry-points") or {}).items()):
+        if group in ("console_scripts", "gui_scripts"):
+            raise RuntimeError(f"[project.entry-points.{group}] is not allowed: use [project.scripts]/[project.gui-scripts]")
+        groups.append((group, eps))
+    out = []
+    for group, eps in groups:
+        out.append(f"[{group}]")
+        out.extend(f"{name} = {value}" for name, value in sorted(eps.items()))
+        out.append("")
+    return "\n".join(out)
+
+
 def _record_line(name: str, data: bytes) -> str:
     digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
     return f"{name},sha256={digest},{len(data)}"
@@ -92,6 +113,9 @@ def _write_wheel(wheel_directory: str, files: List[Tuple[str, bytes]]) -> str:
         ),
         (f"{info}/top_level.txt", f"{PACKAGE}\n".encode()),
     ]
+    eps = _entry_points(p)
+    if eps:
+        files.append((f"{info}/entry_points.txt", eps.encode()))
     record = [_record_line(n, d) for n, d in files] + [f"{info}/RECORD,,"]
     files.append((f"{info}/RECORD", ("\n".join(record) + "\n").encode()))
     whl = f"{name}-{version}-py3-none-any.whl"

@@ -4,12 +4,12 @@
 Before a KV transfer the decode side must tell the prefill side where the
 data goes (its kvproxyd node id, region keys, page indices), and the prefill
 side should tell the decode side when it failed. kvproxy itself carries
-only the data, so this exchange needs a side channel. Engines already run
-one HTTP server on the prefill node for this purpose (sglang's bootstrap
-server at ``--disaggregation-bootstrap-port``); :class:`BootstrapServer`
-takes that place: a standard-library ``ThreadingHTTPServer`` holding four
-tables, and every participant is a client of it (no listening socket on any
-worker):
+only the data, so this exchange needs a side channel. :class:`BootstrapServer`
+is one an adapter hosts where its engine gives it a place (``kvproxy.vllm``:
+the prefill scheduler): a standard-library ``ThreadingHTTPServer`` holding
+four tables, and every participant is a client of it (no listening socket
+on any worker). ``kvproxy.sglang`` does not use it: it speaks sglang's own
+bootstrap-server protocol (:mod:`kvproxy.sglang.bootstrap`).
 
 ``PUT /kvproxy/v1/ranks/<id>``
     a prefill worker announces itself (node id, layout); ``GET

@@ -272,8 +272,11 @@ class Client:
         :param sq_entries: submission ring entries (a power of two), 0 = the daemon's default.
         :param cq_entries: completion ring entries (a power of two), 0 = the daemon's default.
         :raises ConnectError: no daemon listens (``errno.ENOENT``, ``errno.ECONNREFUSED``),
-            the daemon hung up (``errno.EPIPE``: e.g. ``limits.max_clients``
-            reached), refused the ring sizes, or speaks another ABI version.
+            the daemon refused this client (``errno.EUSERS``: ``limits.max_clients``
+            reached; ``errno.EMFILE``: it is out of file descriptors; ``errno.EPERM``:
+            not allowed), did not answer within libkvproxy's connect bound
+            (``errno.ETIMEDOUT``), hung up (``errno.EPIPE``), refused the ring
+            sizes, or speaks another ABI version.
         :raises InvalidArgument: a ring size is not 0 or a power of two.
         """
         self._ptr: Optional[int] = None
@@ -299,8 +302,16 @@ class Client:
                 detail = "kvproxyd refused the connection (ring sizes too large?)"
             elif err == errno.EPROTO:
                 detail = "kvproxyd speaks another protocol or ABI version"
+            elif err == errno.EUSERS:
+                detail = "kvproxyd serves no more clients (limits.max_clients reached)"
+            elif err == errno.EMFILE:
+                detail = "kvproxyd is out of file descriptors (RLIMIT_NOFILE); see its log"
+            elif err == errno.EPERM:
+                detail = "kvproxyd does not serve this user (not its user, root or client_group)"
+            elif err == errno.ETIMEDOUT:
+                detail = "kvproxyd did not answer in time (stopped or stuck?)"
             elif err == errno.EPIPE:
-                detail = "kvproxyd closed the connection (limits.max_clients reached, or another user's daemon? see its log)"
+                detail = "kvproxyd closed the connection (see its log)"
             raise error_for(rc, "connect to kvproxyd", cls=ConnectError, detail=detail, filename=self.socket_path)
         self._ptr = out.value
         self._node_id = (lib.kvp_node_id(self._ptr) or b"").decode(errors="replace")

@@ -110,12 +110,13 @@ class Side:
         args = ks.KVArgs(engine_rank=0, gpu_id=0, page_size=16,
                          kv_data_ptrs=ptrs, kv_data_lens=[pages * PAGE] * nbuf, kv_item_lens=[PAGE] * nbuf,
                          aux_data_ptrs=[aux_ptr], aux_data_lens=[aux_len], aux_item_lens=[aux_item])
-        sa = SimpleNamespace(host="127.0.0.1", disaggregation_bootstrap_port=boot_port, pp_size=1,
-                             disaggregation_transfer_backend_extra_config=json.dumps({
-                                 "backend_name": "kvproxy", "module_path": "kvproxy.sglang",
-                                 "class_name": "KvproxyBackend", "kvproxy_socket": node.sock,
-                                 "kvproxy_max_inflight": INFLIGHT, "kvproxy_transfer_timeout": XFER_TIMEOUT}))
-        self.mgr = ks.KvproxyBackend().get_kv_class("manager")(args, mode, sa, False)
+        sa = SimpleNamespace(host="127.0.0.1", disaggregation_bootstrap_port=boot_port, pp_size=1)
+        # What sglang's processes get from their environment ($KVPROXY_*).
+        config = ks.KvproxyConfig.from_env({"KVPROXY_SOCKET": node.sock, "KVPROXY_MAX_INFLIGHT": str(INFLIGHT),
+                                            "KVPROXY_TRANSFER_TIMEOUT": str(XFER_TIMEOUT)})
+        self.mgr = ks.KvproxyBackend().get_kv_class("manager")(args, mode, sa, False, config=config)
+        if mode == "prefill":
+            assert self.mgr.side.registered.wait(XFER_TIMEOUT), "the prefill manager never registered"
 
     def page(self, b: int, i: int) -> bytes:
         return ctypes.string_at(self.ptrs[b] + i * PAGE, PAGE)

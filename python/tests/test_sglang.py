@@ -24,13 +24,13 @@ import contextlib
 import ctypes
 import enum
 import errno
-import json
 import os
 import random
 import shutil
 import signal
 import sys
 import tempfile
+import threading
 import time
 import unittest
 from pathlib import Path
@@ -109,34 +109,50 @@ class PagedKV:
         self.v.close()
 
 
-def server_args(sock: str, **settings) -> SimpleNamespace:
-    """What the adapter reads of sglang's ServerArgs, with the operator's backend selection."""
-    extra = {"backend_name": "kvproxy", "module_path": "kvproxy.sglang", "class_name": "KvproxyBackend",
-             "kvproxy_socket": sock}
-    extra.update({f"kvproxy_{k}": v for k, v in settings.items()})
-    return SimpleNamespace(host="127.0.0.1", disaggregation_bootstrap_port=BOOT.port, pp_size=1,
-                           disaggregation_transfer_backend_extra_config=json.dumps(extra))
+def server_args(**fields) -> SimpleNamespace:
+    """What the adapter reads of sglang's ServerArgs (sglang's defaults for the rest)."""
+    sa = SimpleNamespace(host="127.0.0.1", port=30000, disaggregation_bootstrap_port=BOOT.port, pp_size=1,
+                         tp_size=1, dp_size=1, enable_dp_attention=False, kv_cache_dtype="auto",
+                         load_balance_method="follow_bootstrap_room", dist_init_addr=None)
+    for k, v in fields.items():
+        setattr(sa, k, v)
+    return sa
 
 
-def manager(kv: PagedKV, mode: ks.DisaggregationMode, node: str, **settings) -> ks.KvproxyKVManager:
-    provider = ks.KvproxyBackend()
-    cls = provider.get_kv_class(SglangKVClassType.MANAGER)
-    return cls(kv.args(), mode, server_args(DAEMONS[node].sock, **settings), False)
+def config(node: str, **settings) -> ks.KvproxyConfig:
+    """The adapter's settings as sglang's processes read them ($KVPROXY_*), for one daemon."""
+    env = {"KVPROXY_SOCKET": DAEMONS[node].sock}
+    env.update({f"KVPROXY_{k.upper()}": str(v) for k, v in settings.items()})
+    return ks.KvproxyConfig.from_env(env)
+
+
+def manager(kv: "PagedKV", mode: ks.DisaggregationMode, node: str, sa: Optional[SimpleNamespace] = None,
+            **settings) -> ks.KvproxyKVManager:
+    cls = ks.KvproxyBackend().get_kv_class(SglangKVClassType.MANAGER)
+    return cls(kv.args(), mode, sa or server_args(), False, config=config(node, **settings))
 
 
 @contextlib.contextmanager
 def worker(mode: ks.DisaggregationMode, node: str, layers: int = 4, pages: int = 32, item_k: int = 4096,
-           **settings) -> Iterator[Tuple[PagedKV, ks.KvproxyKVManager]]:
-    """A worker of one test case's own: its KV cache and manager, both closed after."""
+           sa: Optional[SimpleNamespace] = None, **settings) -> Iterator[Tuple["PagedKV", ks.KvproxyKVManager]]:
+    """A worker of one test case's own: its KV cache and manager, both closed
+    after; a prefill worker gets a bootstrap server of its own (one per
+    prefill server, as sglang runs them)."""
     kv = PagedKV(layers, pages, item_k=item_k)
+    boot = None
     try:
-        mgr = manager(kv, mode, node, **settings)
+        if mode == ks.DisaggregationMode.PREFILL and sa is None:
+            boot = ks.KvproxyKVBootstrapServer("127.0.0.1", 0)
+            sa = server_args(disaggregation_bootstrap_port=boot.port)
+        mgr = manager(kv, mode, node, sa, **settings)
         try:
             yield kv, mgr
         finally:
             mgr.close()
     finally:
         kv.close()
+        if boot is not None:
+            boot.close()
 
 
 class SglangKVClassType(enum.Enum):
@@ -228,6 +244,7 @@ class SglangAdapterTest(unittest.TestCase):
         cls.pm = manager(cls.pkv, ks.DisaggregationMode.PREFILL, "prefill0")
         cls.dm = manager(cls.dkv, ks.DisaggregationMode.DECODE, "decode0")
         cls.addr = f"127.0.0.1:{BOOT.port}"
+        assert cls.pm.side.registered.wait(XFER_TIMEOUT), "the prefill manager never registered"
 
     @classmethod
     def tearDownClass(cls) -> None:
@@ -238,14 +255,16 @@ class SglangAdapterTest(unittest.TestCase):
 
     def handshake(self, dm: ks.KvproxyKVManager, room: int, pm: Optional[ks.KvproxyKVManager] = None):
         """Sender and receiver for ``room``, the receiver bootstrapped (WaitingForInput)."""
-        sender = ks.KVSender(pm or self.pm, self.addr, room, dest_tp_ranks=[0], pp_rank=0)
+        addr = pm.side.registry if pm is not None else self.addr
+        sender = ks.KVSender(pm or self.pm, addr, room, dest_tp_ranks=[0], pp_rank=0)
         self.assertEqual(sender.poll(), KVPoll.Bootstrapping)
-        receiver = ks.KVReceiver(dm, self.addr, room)
+        receiver = ks.KVReceiver(dm, addr, room)
         deadline = time.monotonic() + XFER_TIMEOUT
-        while not dm.try_ensure_parallel_info(self.addr):  # the decode scheduler retries this too
+        while not dm.try_ensure_parallel_info(addr):  # the decode scheduler retries this too
             self.assertLess(time.monotonic(), deadline, "prefill info never available")
             dm.wait_for_change(0.05)
-        self.assertEqual(dm.prefill_info_table[self.addr].dp_size, 1)
+        self.assertEqual(dm.prefill_info_table[addr].dp_size, 1)
+        self.assertTrue(dm.prefill_info_table[addr].follow_bootstrap_room)
         receiver.init(0)
         poll_until(receiver, [KVPoll.WaitingForInput])
         return sender, receiver
@@ -286,10 +305,9 @@ class SglangAdapterTest(unittest.TestCase):
         sender.send(array.array("q", src[:100]), None)
         self.assertIn(sender.poll(), (KVPoll.Transferring, KVPoll.Success))
         self.assertNotEqual(sender.poll(), KVPoll.Success, "Success before the last chunk")
-        sender.send(src[100:], [])
+        sender.send(src[100:], [], 0)  # base/conn.py's positional token_position_offset
         self.assertEqual(poll_until(sender, [KVPoll.Success]), KVPoll.Success)
         self.assertEqual(poll_until(receiver, [KVPoll.Success]), KVPoll.Success)
-        self.assertIsNone(sender.failure_exception())
         self.assertGreaterEqual(sender._next_piece, 3, "expected several kvproxy transfers (max_segments each)")
         self.assertEqual(receiver.conclude_state, KVPoll.Success)
 
@@ -304,39 +322,18 @@ class SglangAdapterTest(unittest.TestCase):
         for j, data in enumerate(row):
             self.assertEqual(self.dkv.aux_row(j, 5), data, f"aux buffer {j} row")
             self.assertEqual(self.dkv.aux_row(j, 4), bytes(self.dkv.aux_items[j]), f"aux buffer {j}: other row written")
+        sender.clear()  # sglang reads the metric after clear()
         m = sender.get_transfer_metric()
         want = len(src) * sum(self.pkv.items) + sum(self.pkv.aux_items)
         self.assertEqual(m.transfer_total_bytes, want)
         self.assertGreater(m.transfer_latency_s, 0)
-        sender.clear()
         receiver.clear()
 
-    def test_decode_prefix_and_legacy_receiver_init(self) -> None:
-        """The decode side holds a prefix (sends only the rest); older sglang's
-        receiver.init(page_indices, aux_index) instead of send_metadata."""
+    def test_decode_prefix_and_producer_event(self) -> None:
+        """The decode side holds a prefix (sent only the rest); a chunk's
+        producer event holds its transfers back until it completed."""
         rnd = random.Random(82)
-        room = new_room()
-        sender = ks.KVSender(self.pm, self.addr, room, dest_tp_ranks=[0], pp_rank=0)
-        receiver = ks.KVReceiver(self.dm, self.addr, room)
-        poll_until(receiver, [KVPoll.WaitingForInput])  # old schedulers poll before init
-        dst = [650, 651, 652, 40]
-        receiver.init(array.array("i", dst), 7)
-        poll_until(sender, [KVPoll.WaitingForInput])
-        self.assertEqual(sender.pop_decode_prefix_len(), 0)
-        src = [590, 591, 592, 593]
-        self.pkv.fill_pages(src, rnd)
-        sender.init(len(src), 0)
-        sender.send(src)
-        poll_until(sender, [KVPoll.Success])
-        poll_until(receiver, [KVPoll.Success])
-        for b in range(2 * self.LAYERS):
-            for s, d in zip(src, dst):
-                self.assertEqual(self.dkv.page(b, d), self.pkv.page(b, s))
-        sender.clear()
-        receiver.clear()
-
-        room = new_room()
-        sender, receiver = self.handshake(self.dm, room)
+        sender, receiver = self.handshake(self.dm, new_room())
         receiver.send_metadata([20, 21], 1, None, decode_prefix_len=32)
         poll_until(sender, [KVPoll.WaitingForInput])
         self.assertEqual(sender.pop_decode_prefix_len(), 32)
@@ -345,13 +342,52 @@ class SglangAdapterTest(unittest.TestCase):
         self.pkv.fill_pages(src, rnd)
         sender.init(2, 1)
         self.assertTrue(sender.should_send_kv_chunk(0, True), "an empty last chunk still carries the aux row")
-        sender.send(src)
+
+        class Event:  # a CUDA event's query(), as sglang hands it over
+            done = False
+
+            def query(self) -> bool:
+                return self.done
+
+        ev = Event()
+        submitted = DAEMONS["prefill0"].admin_call("stats")["totals"]["xfers_submitted"]
+        sender.send(src, None, producer_event=ev)
+        self.assertEqual(sender.poll(), KVPoll.Transferring)
+        self.assertEqual(len(self.pm.side.queue), 1, "the chunk should wait for its producer event")
+        self.assertEqual(DAEMONS["prefill0"].admin_call("stats")["totals"]["xfers_submitted"], submitted)
+        ev.done = True
         poll_until(sender, [KVPoll.Success])
         poll_until(receiver, [KVPoll.Success])
         self.assertEqual(self.dkv.page(0, 20), self.pkv.page(0, 7))
         self.assertEqual(self.dkv.page(2 * self.LAYERS - 1, 21), self.pkv.page(2 * self.LAYERS - 1, 8))
         sender.clear()
         receiver.clear()
+
+    def test_new_sender_after_ended_and_sweep(self) -> None:
+        """A sender sglang never clears is swept once it ended; a later sender
+        for the same room (PD rebootstrap) works."""
+        room = new_room()
+        for round_ in range(2):
+            sender, receiver = self.handshake(self.dm, room)
+            receiver.send_metadata([30 + round_], 0, [])
+            poll_until(sender, [KVPoll.WaitingForInput])
+            sender.init(1, 0)
+            sender.send([40 + round_])
+            poll_until(sender, [KVPoll.Success])
+            poll_until(receiver, [KVPoll.Success])
+            self.assertEqual(self.dkv.page(0, 30 + round_), self.pkv.page(0, 40 + round_))
+            # No clear() on either: the managers forget them by themselves.
+            deadline = time.monotonic() + XFER_TIMEOUT
+            while room in self.pm.side.senders or room in self.dm.side.receivers:
+                self.assertLess(time.monotonic(), deadline, "ended requests never swept")
+                self.pm.wait_for_change(0.05)
+        # A sender still open for a room refuses a second one for it.
+        s1 = ks.KVSender(self.pm, self.addr, room, [0], 0)
+        s2 = ks.KVSender(self.pm, self.addr, room, [0], 0)
+        self.assertEqual(failure_of(s2).code, "protocol")
+        s1.abort()
+        self.assertEqual(failure_of(s1).code, "aborted")
+        s1.clear()
 
     # ---- failures: typed, on both sides, never an endless Transferring ----
 
@@ -399,6 +435,7 @@ class SglangAdapterTest(unittest.TestCase):
         """Every kvproxy transfer of this prefill worker has a 1 ns deadline:
         both sides end Failed with code timeout."""
         with worker(ks.DisaggregationMode.PREFILL, "prefill0", transfer_timeout=1e-9) as (kv, pm):
+            self.assertTrue(pm.side.registered.wait(XFER_TIMEOUT))
             sender, receiver = self.handshake(self.dm, new_room(), pm=pm)
             receiver.send_metadata([30, 31, 32], 2, [])
             poll_until(sender, [KVPoll.WaitingForInput])
@@ -415,38 +452,47 @@ class SglangAdapterTest(unittest.TestCase):
             receiver.clear()
 
     def test_decode_waiting_timeout(self) -> None:
-        """The prefill side never sends: the decode side gives up after
-        waiting_timeout; with no prefill worker to acknowledge its abort, it
-        reports Failed once a transfer of the prefill side could have ended
-        (waiting_timeout + transfer_timeout + slack after its metadata)."""
+        """The prefill side never creates a sender: the decode side gives up
+        after waiting_timeout (and the prefill rank, which holds nothing of
+        the request, says so at once)."""
         with worker(ks.DisaggregationMode.DECODE, "decode0", waiting_timeout=1.0, transfer_timeout=1.0) as (kv, dm):
-            room = new_room()
-            receiver = ks.KVReceiver(dm, self.addr, room)
+            self.assertTrue(dm.try_ensure_parallel_info(self.addr))
+            receiver = ks.KVReceiver(dm, self.addr, new_room())
+            receiver.init(0)
             poll_until(receiver, [KVPoll.WaitingForInput])
             receiver.send_metadata([1], 0, [])
             t0 = time.monotonic()
             e = failure_of(receiver)
-            self.assertGreaterEqual(time.monotonic() - t0, 2.0 + ks._LAND_SLACK - 0.1)
+            took = time.monotonic() - t0
             self.assertEqual(e.code, "waiting-timeout")
             self.assertEqual(e.errno, errno.ETIMEDOUT)
+            self.assertGreaterEqual(took, 0.9)
+            self.assertLess(took, 5.0)
             receiver.clear()
 
     def test_prefill_bootstrap_timeout(self) -> None:
         with worker(ks.DisaggregationMode.PREFILL, "prefill0", bootstrap_timeout=0.5) as (kv, pm):
-            sender = ks.KVSender(pm, self.addr, new_room(), dest_tp_ranks=[0], pp_rank=0)
-            e = failure_of(sender)
-            self.assertEqual(e.code, "bootstrap-timeout")
+            sender = ks.KVSender(pm, pm.side.registry, new_room(), dest_tp_ranks=[0], pp_rank=0)
+            t0 = time.monotonic()
+            while sender.state != KVPoll.Failed:  # enforced without poll() (the reaper)
+                self.assertLess(time.monotonic() - t0, XFER_TIMEOUT)
+                pm.wait_for_change(0.05)
+            self.assertEqual(failure_of(sender).code, "bootstrap-timeout")
             sender.clear()
 
     def test_unreachable_bootstrap_server(self) -> None:
-        """A request whose prefill server does not answer fails with
-        bootstrap-timeout and does not hold up the others of the manager."""
+        """A request whose prefill server does not answer fails at once
+        (unreachable) and does not hold up the others of the manager; one
+        never init()ed ends by bootstrap_timeout."""
         with worker(ks.DisaggregationMode.DECODE, "decode0", bootstrap_timeout=2.0) as (kv, dm):
             dead = f"127.0.0.1:{tb.free_ports(1)[0]}"  # nothing listens there
             self.assertFalse(dm.try_ensure_parallel_info(dead))
             lost = ks.KVReceiver(dm, dead, new_room())
-            lost.init([1, 2], 0)  # older sglang: metadata queued for the dead server
-            self.assertEqual(lost.poll(), KVPoll.Transferring)
+            lost.init(0)
+            e = failure_of(lost)
+            self.assertEqual(e.code, "unreachable")
+            self.assertIn(dead, e.failure_reason)
+            forgotten = ks.KVReceiver(dm, dead, new_room())  # sglang never calls init() on it
             sender, receiver = self.handshake(dm, new_room())
             receiver.send_metadata([3], 0, [])
             poll_until(sender, [KVPoll.WaitingForInput])
@@ -454,25 +500,32 @@ class SglangAdapterTest(unittest.TestCase):
             sender.send([3])
             poll_until(receiver, [KVPoll.Success])
             self.assertEqual(kv.page(0, 3), self.pkv.page(0, 3))
-            other = ks.KVReceiver(dm, dead, new_room())
-            e = failure_of(lost)
+            e = failure_of(forgotten)
             self.assertEqual(e.code, "bootstrap-timeout")
-            self.assertIn("metadata not delivered", e.failure_reason)
-            e = failure_of(other)
-            self.assertEqual(e.code, "bootstrap-timeout")
-            self.assertIn("unreachable", e.failure_reason)
-            lost.clear()
-            other.clear()
+            for r in (lost, forgotten, receiver):
+                r.clear()
             sender.clear()
-            receiver.clear()
 
     def test_layout_and_page_count_mismatch(self) -> None:
-        with worker(ks.DisaggregationMode.DECODE, "decode0", item_k=8192) as (kv, dm):  # another model or TP size on the decode side
-            sender, receiver = self.handshake(dm, new_room())
-            receiver.send_metadata([1, 2], 0, [])
-            self.assertEqual(failure_of(sender).code, "layout")
+        """Another model or TP size on the decode side (KV buffers of other sizes):
+        both sides fail at once with code layout, the reason naming both values."""
+        with worker(ks.DisaggregationMode.DECODE, "decode0", item_k=8192) as (kv, dm):
+            sender = ks.KVSender(self.pm, self.addr, new_room(), [0], 0)
+            receiver = ks.KVReceiver(dm, self.addr, sender.bootstrap_room)
+            self.assertTrue(dm.try_ensure_parallel_info(self.addr))
+            t0 = time.monotonic()
+            receiver.init(0)
             e = failure_of(receiver)
-            self.assertEqual((e.code, e.errno, e.from_prefill), ("layout", errno.EINVAL, True))
+            self.assertEqual((e.code, e.errno), ("layout", errno.EINVAL))
+            self.assertIn("KV buffers", e.failure_reason)
+            self.assertIn("8192", e.failure_reason)
+            self.assertIn("4096", e.failure_reason)
+            e = failure_of(sender)
+            self.assertLess(time.monotonic() - t0, 1.0, "the prefill side learnt of the mismatch late")
+            self.assertEqual(e.code, "layout")
+            self.assertIn("8192", e.failure_reason)
+            sender.clear()
+            receiver.clear()
         sender, receiver = self.handshake(self.dm, new_room())
         receiver.send_metadata([1, 2], 0, [])
         poll_until(sender, [KVPoll.WaitingForInput])
@@ -484,27 +537,38 @@ class SglangAdapterTest(unittest.TestCase):
         sender.clear()
         receiver.clear()
 
-    def test_abort(self) -> None:
+    def test_abort_and_another_rank(self) -> None:
         sender, receiver = self.handshake(self.dm, new_room())
         receiver.abort()
         self.assertEqual(failure_of(receiver).code, "aborted")
-        sender.abort()
-        self.assertEqual(failure_of(sender).code, "aborted")
+        self.assertEqual(failure_of(sender).code, "aborted-by-decode")  # told at once
+        sender.clear()
+        receiver.clear()
+        # sglang's MIN all-reduce: another rank failed; failure_exception() on
+        # this rank's healthy request ends it and says so.
+        sender, receiver = self.handshake(self.dm, new_room())
+        with self.assertRaises(ks.KVTransferError) as cm:
+            sender.failure_exception()
+        self.assertTrue(cm.exception.is_from_another_rank)
+        self.assertEqual(sender.poll(), KVPoll.Failed)
+        with self.assertRaises(ks.KVTransferError) as cm:
+            receiver.failure_exception()
+        self.assertTrue(cm.exception.is_from_another_rank)
+        self.assertEqual(receiver.poll(), KVPoll.Failed)
         sender.clear()
         receiver.clear()
 
     def test_decode_abort_before_send(self) -> None:
         """The decode side gives up after its metadata reached the prefill side,
         which has not sent yet: the sender ends aborted-by-decode and never
-        submits; the receiver reports Failed only after that."""
+        submits; abort() returns only once nothing can land."""
         sender, receiver = self.handshake(self.dm, new_room())
         receiver.send_metadata([40, 41, 42], 0, [])
         poll_until(sender, [KVPoll.WaitingForInput])
         submitted = DAEMONS["prefill0"].admin_call("stats")["totals"]["xfers_submitted"]
         receiver.abort()
-        d = failure_of(receiver)
-        self.assertEqual(d.code, "aborted")
-        self.assertEqual(sender.state, KVPoll.Failed, "the receiver reported Failed before the prefill side stopped")
+        self.assertEqual(receiver.poll(), KVPoll.Failed, "abort() returned before the request ended")
+        self.assertEqual(failure_of(receiver).code, "aborted")
         e = failure_of(sender)
         self.assertEqual((e.code, e.errno), ("aborted-by-decode", errno.ECANCELED))
         self.assertIn("decode0", e.failure_reason)
@@ -516,28 +580,25 @@ class SglangAdapterTest(unittest.TestCase):
         sender.clear()
         receiver.clear()
 
-    def test_decode_abort_in_flight(self) -> None:
-        """The decode side gives up while the prefill side's transfers are in
-        flight (the prefill kvproxyd is stopped meanwhile, so they stay so
-        until the abort was seen):
-        the receiver reports Failed only after the prefill side cancelled
-        them and their completions came back, and nothing lands after."""
-        pd, dd = DAEMONS["prefill0"], DAEMONS["decode0"]
-
-        def moved() -> Tuple[int, int]:
-            tx = [p["tx_bytes"] for p in pd.admin_call("stats")["peers"] if p["node_id"] == "decode0"]
-            rx = [p["rx_bytes"] for p in dd.admin_call("stats")["peers"] if p["node_id"] == "prefill0"]
-            return tx[0], rx[0]
-
+    def abort_in_flight(self, freeze: bool) -> None:
+        """The decode side gives up while 64 MiB of the prefill side's transfers
+        are in flight (2 x 32 MiB, max_inflight 2). ``freeze``: the prefill
+        kvproxyd is stopped (SIGSTOP) first, so nothing can be cancelled
+        there. abort() returns once kvproxyd fenced the request (without a
+        fence: once the prefill side acknowledged, after the thaw), and no
+        byte lands after it returned, checked once the sender's transfers ended."""
+        pd = DAEMONS["prefill0"]
         with worker(ks.DisaggregationMode.PREFILL, "prefill0", pages=256, item_k=1 << 18, max_inflight=2) as (pkv, pm), \
                 worker(ks.DisaggregationMode.DECODE, "decode0", pages=256, item_k=1 << 18) as (dkv, dm):
+            self.assertTrue(pm.side.registered.wait(XFER_TIMEOUT))
+            fenced = dm.side.can_fence
             rnd = random.Random(83)
             pages = list(range(256))
             pkv.fill_pages(pages, rnd)
             nbuf = len(dkv.ptrs)
             for b in range(nbuf):  # a sentinel where the data goes
                 ctypes.memset(dkv.ptrs[b], 0xA5, dkv.lens[b])
-            tx0, rx0 = moved()
+            tx0 = self.prefill_tx()
             sender, receiver = self.handshake(dm, new_room(), pm=pm)
             receiver.send_metadata(pages, 0, [])
             poll_until(sender, [KVPoll.WaitingForInput])
@@ -546,39 +607,94 @@ class SglangAdapterTest(unittest.TestCase):
             deadline = time.monotonic() + XFER_TIMEOUT
             while receiver._landed_bytes == 0:  # the first transfer is in: the others are under way
                 self.assertLess(time.monotonic(), deadline, "nothing landed")
-                dm.wait_for_change(0.05)
-            os.kill(pd.proc.pid, signal.SIGSTOP)
-            try:
-                self.assertLess(receiver._landed_bytes, receiver._expected, "the transfer ended before the abort")
-                self.assertEqual(sender.poll(), KVPoll.Transferring)
-                self.assertGreaterEqual(len(pm._inflight), 1)
+                dm.wait_for_change(0.001)
+            if freeze:
+                os.kill(pd.proc.pid, signal.SIGSTOP)
+            done = threading.Event()
+            took = []
+
+            def abort() -> None:
+                t0 = time.monotonic()
                 receiver.abort()
-                e = failure_of(sender)  # the prefill manager saw the abort and cancelled
-                self.assertEqual(e.code, "aborted-by-decode")
-                # No completion can come back from the stopped daemon: the
-                # prefill side has not acknowledged, the receiver must wait.
-                self.assertGreater(sender._pending, 0)
-                self.assertEqual(receiver.poll(), KVPoll.Transferring)
+                took.append(time.monotonic() - t0)
+                done.set()
+
+            aborter = threading.Thread(target=abort)
+            try:
+                in_flight = len(pm.side.inflight)
+                outstanding = receiver._expected - receiver._landed_bytes
+                self.assertLess(receiver._landed_bytes, receiver._expected, "the transfer ended before the abort")
+                aborter.start()
+                # The prefill manager saw the abort and cancelled, or the decode
+                # side's fence refused a transfer of it before the abort arrived.
+                e = failure_of(sender)
+                self.assertIn(e.code, ("aborted-by-decode", "remote"))
+                if fenced:
+                    self.assertTrue(done.wait(XFER_TIMEOUT), "abort() did not return with the fence")
+                elif freeze:
+                    # No completion can come back from the stopped daemon: the
+                    # prefill side has not acknowledged, the receiver must wait.
+                    self.assertGreater(sender._pending, 0)
+                    self.assertFalse(done.is_set(), "abort() returned before the prefill side stopped")
             finally:
-                os.kill(pd.proc.pid, signal.SIGCONT)
-            d = failure_of(receiver)
-            self.assertEqual(d.code, "aborted")
-            self.assertEqual(sender._pending, 0, "Failed reported before the cancelled transfers completed")
-            self.assertEqual(pm._inflight, {})
-            at_failed = [ctypes.string_at(dkv.ptrs[b], dkv.lens[b]) for b in range(nbuf)]
-            # Until every byte prefill0 sent to decode0 was received there.
+                if freeze:
+                    os.kill(pd.proc.pid, signal.SIGCONT)
+            self.assertTrue(done.wait(XFER_TIMEOUT))
+            aborter.join()
+            at_abort = [ctypes.string_at(dkv.ptrs[b], dkv.lens[b]) for b in range(nbuf)]
+            self.assertEqual(failure_of(receiver).code, "aborted")
             deadline = time.monotonic() + XFER_TIMEOUT
-            while (m := moved()) and m[0] - tx0 != m[1] - rx0:
-                self.assertLess(time.monotonic(), deadline, f"sent {m[0] - tx0} bytes, received {m[1] - rx0}")
-                dm.wait_for_change(0.05)
-            log(f"abort in flight: {m[0] - tx0} of {len(pages) * sum(dkv.items)} bytes moved before the cancel")
-            self.assertGreater(m[0] - tx0, 0, "nothing was on the wire")
-            self.assertLess(m[0] - tx0, len(pages) * sum(dkv.items), "the transfer was not cut short")
+            while sender._pending:  # every transfer of the sender ended (cancelled, or refused by the fence)
+                self.assertLess(time.monotonic(), deadline, "the sender's transfers never ended")
+                pm.wait_for_change(0.05)
+            moved = self.prefill_tx() - tx0
+            fence = f"fence confirmed {receiver.fence_seconds * 1e3:.2f} ms after submission" if fenced else "no fence"
+            log(f"abort in flight ({'prefill kvproxyd frozen' if freeze else 'prefill alive'}): abort() took "
+                f"{took[0] * 1e3:.2f} ms ({fence}); {in_flight} transfers in flight, {outstanding / (1 << 20):.1f} MiB "
+                f"not landed yet; {moved} of "
+                f"{len(pages) * sum(dkv.items)} bytes sent")
+            self.assertLess(moved, len(pages) * sum(dkv.items), "the transfer was not cut short")
             for b in range(nbuf):
-                self.assertEqual(ctypes.string_at(dkv.ptrs[b], dkv.lens[b]), at_failed[b],
-                                 f"buffer {b}: bytes landed after the receiver reported Failed")
+                self.assertEqual(ctypes.string_at(dkv.ptrs[b], dkv.lens[b]), at_abort[b],
+                                 f"buffer {b}: bytes landed after abort() returned")
+            if fenced and freeze:
+                self.assertLess(took[0], 1.0 + 1.0, "the fence took longer than the daemon's peer_ms bound")
             sender.clear()
             receiver.clear()
+
+    def prefill_tx(self) -> int:
+        return [p["tx_bytes"] for p in DAEMONS["prefill0"].admin_call("stats")["peers"] if p["node_id"] == "decode0"][0]
+
+    def test_decode_abort_in_flight(self) -> None:
+        self.abort_in_flight(freeze=False)
+
+    def test_decode_abort_in_flight_frozen_prefill(self) -> None:
+        self.abort_in_flight(freeze=True)
+
+    def test_memory_saver(self) -> None:
+        """release/resume_memory_occupation: open requests fail, the KV regions
+        are deregistered, then registered again (new keys), and transfers work."""
+        with worker(ks.DisaggregationMode.DECODE, "decode0") as (kv, dm):
+            keys = [p.key for p in dm._kv.placements]
+            open_one, _ = self.handshake(dm, new_room())[::-1]
+            before = DAEMONS["decode0"].admin_call("status")["regions"]
+            dm.deregister_buffer_to_engine()
+            self.assertEqual(failure_of(open_one).code, "memory-released")
+            self.assertEqual(DAEMONS["decode0"].admin_call("status")["regions"], before - 2)  # K and V memfds
+            refused = ks.KVReceiver(dm, self.addr, new_room())
+            self.assertEqual(failure_of(refused).code, "memory-released")
+            dm.register_buffer_to_engine()
+            self.assertEqual(DAEMONS["decode0"].admin_call("status")["regions"], before)
+            self.assertNotEqual([p.key for p in dm._kv.placements], keys)
+            sender, receiver = self.handshake(dm, new_room())
+            receiver.send_metadata([9], 0, [])
+            poll_until(sender, [KVPoll.WaitingForInput])
+            sender.init(1, 0)
+            sender.send([11])
+            poll_until(receiver, [KVPoll.Success])
+            self.assertEqual(kv.page(3, 9), self.pkv.page(3, 11))
+            for r in (open_one, refused, receiver, sender):
+                r.clear()
 
     # ---- set-up errors ----
 
@@ -588,23 +704,26 @@ class SglangAdapterTest(unittest.TestCase):
             args = kv.args()
             args.state_types = ["mamba"]
             with self.assertRaises(NotImplementedError):
-                ks.KvproxyKVManager(args, "decode", server_args(DAEMONS["decode0"].sock))
+                ks.KvproxyKVManager(args, "decode", server_args(), config=config("decode0"))
+            for field in ({"pp_size": 2}, {"attn_cp_size": 2}):
+                with self.assertRaises(NotImplementedError) as cm:
+                    ks.KvproxyKVManager(kv.args(), "prefill", server_args(**field), config=config("prefill0"))
+                self.assertIn(next(iter(field)), str(cm.exception))
             plain = (ctypes.c_char * 4096)()
             args = kv.args()
             args.kv_data_ptrs = [ctypes.addressof(plain)] * 2
             args.kv_data_lens = [4096, 4096]
             args.kv_item_lens = [1024, 1024]
             with self.assertRaises(kvproxy.InvalidArgument) as cm:
-                ks.KvproxyKVManager(args, "decode", server_args(DAEMONS["decode0"].sock))
+                ks.KvproxyKVManager(args, "decode", server_args(), config=config("decode0"))
             self.assertIn("plain host memory", str(cm.exception))
             with self.assertRaises(kvproxy.ConnectError):
-                ks.KvproxyKVManager(kv.args(), "decode", server_args(str(tb.TMP / "nosuch.sock")))
+                ks.KvproxyKVManager(kv.args(), "decode", server_args(),
+                                    config=ks.KvproxyConfig(socket=str(tb.TMP / "nosuch.sock")))
             with self.assertRaises(ValueError):
-                ks.KvproxyKVManager(kv.args(), "null", server_args(DAEMONS["decode0"].sock))
-            sa = server_args(DAEMONS["decode0"].sock)
-            sa.disaggregation_transfer_backend_extra_config = "{}"
+                ks.KvproxyKVManager(kv.args(), "null", server_args(), config=config("decode0"))
             with self.assertRaises(ValueError) as cm2:
-                ks.KvproxyKVManager(kv.args(), "decode", sa, config=ks.KvproxyConfig.from_sources("{}", env={}))
+                ks.KvproxyKVManager(kv.args(), "decode", server_args(), config=ks.KvproxyConfig.from_env({}))
             self.assertIn("KVPROXY_SOCKET", str(cm2.exception))
         finally:
             kv.close()
@@ -623,36 +742,8 @@ class SglangAdapterTest(unittest.TestCase):
         self.assertIsNone(provider.get_kv_class("nosuch"))
         self.assertEqual(int(KVPoll.Transferring), 3)
         self.assertEqual([int(p) for p in KVPoll], [0, 1, 2, 3, 4])
-
-
-class HelpersTest(unittest.TestCase):
-    def test_runs_and_split(self) -> None:
-        self.assertEqual(ks._runs([4, 5, 6, 9, 10, 2]), [[4, 3], [9, 2], [2, 1]])
-        self.assertEqual(ks._pair_runs([1, 2, 3, 7], [10, 11, 5, 6]), [(1, 10, 2), (3, 5, 1), (7, 6, 1)])
-        segs = [(1, 0, 2, 100, 10), (1, 50, 2, 0, 25), (1, 90, 2, 40, 3)]
-        pieces = ks._split(segs, 2, 16)
-        self.assertTrue(all(len(p) <= 2 and sum(s[4] for s in p) <= 16 for p in pieces), pieces)
-        flat = [s for p in pieces for s in p]
-        self.assertEqual(sum(s[4] for s in flat), 38)
-        # Cut segments stay contiguous on both sides.
-        self.assertEqual([s for s in flat if s[1] >= 50 and s[1] < 90],
-                         [(1, 50, 2, 0, 6), (1, 56, 2, 6, 16), (1, 72, 2, 22, 3)])
-        self.assertEqual(ks._split([], 4, 16), [])
-
-
-class ConfigTest(unittest.TestCase):
-    def test_sources(self) -> None:
-        c = ks.KvproxyConfig.from_sources('{"kvproxy_socket": "/s{engine_rank}", "kvproxy_max_inflight": 4}',
-                                          env={"KVPROXY_SOCKET": "/env", "SGLANG_DISAGGREGATION_WAITING_TIMEOUT": "7"})
-        self.assertEqual((c.socket, c.max_inflight, c.waiting_timeout, c.transfer_timeout), ("/s{engine_rank}", 4, 7.0, None))
-        c = ks.KvproxyConfig.from_sources(None, env={"KVPROXY_SOCKET": "/env", "KVPROXY_TRANSFER_TIMEOUT": "2.5"})
-        self.assertEqual((c.socket, c.transfer_timeout, c.bootstrap_timeout), ("/env", 2.5, 300.0))
-        with self.assertRaises(ValueError):
-            ks.KvproxyConfig.from_sources('{"kvproxy_sokcet": "/typo"}', env={})
-        with self.assertRaises(ValueError):
-            ks.KvproxyConfig.from_sources('{"kvproxy_waiting_timeout": -1}', env={})
-        with self.assertRaises(ValueError):
-            ks.KvproxyConfig.from_sources("{not json", env={})
+        self.assertEqual(self.pm.kv_transfer_protocol(), "kvproxy")
+        self.assertFalse(self.pm.uses_terminal_source_publication())
 
 
 class DaemonGoneTest(unittest.TestCase):
@@ -664,9 +755,13 @@ class DaemonGoneTest(unittest.TestCase):
         doomed.start()
         doomed.wait_ready(need_peer=False)
         DAEMONS["doomed0"] = doomed
-        with worker(ks.DisaggregationMode.DECODE, "doomed0", layers=2, pages=8) as (_kv, dm):
-            addr = f"127.0.0.1:{BOOT.port}"
+        with worker(ks.DisaggregationMode.PREFILL, "prefill0", layers=2, pages=8) as (_pkv, pm), \
+                worker(ks.DisaggregationMode.DECODE, "doomed0", layers=2, pages=8) as (_kv, dm):
+            addr = pm.side.registry
+            self.assertTrue(pm.side.registered.wait(XFER_TIMEOUT))
+            self.assertTrue(dm.try_ensure_parallel_info(addr))
             receiver = ks.KVReceiver(dm, addr, new_room())
+            receiver.init(0)
             poll_until(receiver, [KVPoll.WaitingForInput])
             receiver.send_metadata([1], 0, [])
             self.assertEqual(receiver.poll(), KVPoll.Transferring)
@@ -685,7 +780,7 @@ def main() -> int:
         tb.skip_all("Python >= 3.9 needed (random.randbytes)")
     loader = unittest.TestLoader()
     suite = unittest.TestSuite()
-    for case in (HelpersTest, ConfigTest, SglangAdapterTest, DaemonGoneTest):  # DaemonGoneTest last
+    for case in (SglangAdapterTest, DaemonGoneTest):  # DaemonGoneTest last
         suite.addTests(loader.loadTestsFromTestCase(case))
     result = unittest.TextTestRunner(verbosity=2, stream=sys.stderr).run(suite)
     return 0 if result.wasSuccessful() else 1

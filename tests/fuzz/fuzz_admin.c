@@ -11,9 +11,12 @@
  * are undone after the input.
  *
  * Invariants: every reply fits the buffer, is one JSON object with
- * "jsonrpc":"2.0" and exactly one of "result"/"error" (integer code), and a
- * request whose "id" is a string or an integer gets that id back; no
- * control message, transfer slot or fd leaks.
+ * "jsonrpc":"2.0" and exactly one of "result"/"error" (integer code), or
+ * for a batch an array of such objects, one per request that is not a
+ * notification; a request whose "id" is a string or a number gets that id
+ * back; a notification never gets a reply, and everything else always does
+ * (given room); a request with an invalid id (true, {}, [1]) changes
+ * nothing; no control message, transfer slot or fd leaks.
  */
 #include <errno.h>
 #include <string.h>
@@ -113,14 +116,10 @@ LLVMFuzzerInitialize(int *argc, char ***argv)
 	return 0;
 }
 
-/* The shape every reply must have. */
+/* One reply object: "jsonrpc":"2.0", an id, exactly one of result/error. */
 static void
-check_reply(const char *req, size_t reqlen, const char *out, size_t rlen)
+check_shape(json_t *r)
 {
-	json_error_t jerr;
-	json_t *r = json_loadb(out, rlen, JSON_REJECT_DUPLICATES, &jerr);
-
-	FUZZ_ASSERT(r != NULL, "reply is not JSON (%s): %.*s", jerr.text, (int)rlen, out);
 	FUZZ_ASSERT(json_is_object(r), "reply is not an object");
 	FUZZ_ASSERT(json_is_string(json_object_get(r, "jsonrpc")) &&
 			    strcmp(json_string_value(json_object_get(r, "jsonrpc")), "2.0") == 0,
@@ -132,14 +131,58 @@ check_reply(const char *req, size_t reqlen, const char *out, size_t rlen)
 				    json_is_string(json_object_get(err, "message")),
 			    "error without an integer code and a message");
 	FUZZ_ASSERT(json_object_get(r, "id") != NULL, "reply without an id");
+}
 
+/* A valid request without an id: JSON-RPC forbids any reply to it. */
+static bool
+is_notification(json_t *q)
+{
+	json_t *v = json_object_get(q, "jsonrpc"), *m = json_object_get(q, "method");
+	json_t *p = json_object_get(q, "params");
+
+	return json_is_object(q) && !json_object_get(q, "id") && json_is_string(v) &&
+	       strcmp(json_string_value(v), "2.0") == 0 && json_is_string(m) &&
+	       (!p || json_is_object(p) || json_is_array(p));
+}
+
+static bool
+valid_id(json_t *id)
+{
+	return json_is_string(id) || json_is_number(id) || json_is_null(id);
+}
+
+/* The shape every reply must have, and what it owes the request. */
+static void
+check_reply(json_t *q, const char *out, size_t rlen)
+{
+	json_error_t jerr;
+	json_t *r = json_loadb(out, rlen, JSON_REJECT_DUPLICATES, &jerr);
+
+	FUZZ_ASSERT(r != NULL, "reply is not JSON (%s): %.*s", jerr.text, (int)rlen, out);
+	if (json_is_array(r)) {
+		/* A batch: one reply per request that is not a notification, none empty. */
+		size_t owed = 0, i;
+		json_t *e;
+
+		FUZZ_ASSERT(json_is_array(q) && json_array_size(q) > 0, "array reply to a non-batch");
+		json_array_foreach(q, i, e)
+			owed += !is_notification(e);
+		FUZZ_ASSERT(json_array_size(r) > 0 && json_array_size(r) <= owed,
+			    "batch of %zu requests (%zu owed a reply) got %zu replies",
+			    json_array_size(q), owed, json_array_size(r));
+		json_array_foreach(r, i, e)
+			check_shape(e);
+		json_decref(r);
+		return;
+	}
+	check_shape(r);
+	FUZZ_ASSERT(!is_notification(q), "a notification got a reply");
 	/* A well-formed id comes back as it was sent (unless the reply did not fit). */
-	json_t *q = json_loadb(req, reqlen, JSON_REJECT_DUPLICATES | JSON_DECODE_ANY, &jerr);
 	json_t *qid = json_is_object(q) ? json_object_get(q, "id") : NULL;
+	json_t *err = json_object_get(r, "error");
 	bool too_large = err && json_integer_value(json_object_get(err, "code")) == -32603;
-	if (qid && (json_is_string(qid) || json_is_integer(qid)) && !too_large)
+	if (qid && valid_id(qid) && !too_large)
 		FUZZ_ASSERT(json_equal(qid, json_object_get(r, "id")), "reply id differs");
-	json_decref(q);
 	json_decref(r);
 }
 
@@ -162,11 +205,35 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	for (int lines = 0; p < end && lines < 64; lines++) {
 		const char *nl = memchr(p, '\n', (size_t)(end - p));
 		size_t len = nl ? (size_t)(nl - p) : (size_t)(end - p);
+		json_t *q = json_loadb(p, len, JSON_REJECT_DUPLICATES | JSON_DECODE_ANY, NULL);
+		bool was_draining = node.draining;
+		struct kvp_config cfg_before = node.cfg;
 		size_t rlen = kvp_admin_handle(&node, p, len, reply, outlen);
 
 		FUZZ_ASSERT(rlen < outlen, "reply length %zu does not fit %zu", rlen, outlen);
 		if (rlen)
-			check_reply(p, len, reply, rlen);
+			check_reply(q, reply, rlen);
+		/* Nothing but a notification (or a batch of them) goes unanswered. */
+		if (!rlen && q && outlen == REPLY_MAX) {
+			bool silent = is_notification(q);
+
+			if (json_is_array(q) && json_array_size(q) > 0) {
+				size_t i;
+				json_t *e;
+
+				silent = true;
+				json_array_foreach(q, i, e)
+					silent &= is_notification(e);
+			}
+			FUZZ_ASSERT(silent, "a request got no reply: %.*s", (int)(len < 200 ? len : 200),
+				    p);
+		}
+		/* A request with an invalid id is not executed. */
+		if (json_is_object(q) && json_object_get(q, "id") && !valid_id(json_object_get(q, "id")))
+			FUZZ_ASSERT(node.draining == was_draining &&
+					    memcmp(&cfg_before, &node.cfg, sizeof(cfg_before)) == 0,
+				    "a request with an invalid id was executed");
+		json_decref(q);
 		if (fuzz_verbose())
 			fprintf(stderr, "admin: %.*s -> %.*s\n", (int)(len < 100 ? len : 100), p,
 				(int)(rlen < 200 ? rlen : 200), reply);

@@ -12,8 +12,9 @@
  * 4 buffers, every string is terminated; config_set never takes an out-of-
  * bounds value.
  *
- * Inputs with "@include" or naming /dev/ or /proc/ are skipped: they make
- * libconfig or auth.secret_file read other files (a terminal would block).
+ * Inputs naming /dev/ or /proc/ are skipped: auth.secret_file would read
+ * other files (a terminal would block). "@include" is fuzzed: the loader
+ * refuses it before libconfig could open anything.
  */
 #include <ctype.h>
 #include <errno.h>
@@ -166,8 +167,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	errlen = errlens[data[0] % 4];
 	data++;
 	size--;
-	if (memmem(data, size, "@include", 8) || memmem(data, size, "/dev/", 5) ||
-	    memmem(data, size, "/proc/", 6))
+	if (memmem(data, size, "/dev/", 5) || memmem(data, size, "/proc/", 6))
 		return 0;
 	FUZZ_ASSERT(ftruncate(cfd, 0) == 0 && pwrite(cfd, data, size, 0) == (ssize_t)size,
 		    "writing the config");

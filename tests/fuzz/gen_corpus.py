@@ -282,6 +282,27 @@ def gen_admin():
     for i, r in enumerate(reqs):
         write(t, "req%02d" % i, bytes([i % 4]) + r.encode())
     write(t, "pipeline", b"\0" + "\n".join(reqs).encode())
+    # JSON-RPC 2.0 conformance (issue 16): ids of every kind, invalid ids, notifications, batches.
+    rpc = {
+        "id_real": '{"jsonrpc":"2.0","id":1.5,"method":"status"}',
+        "id_exp": '{"jsonrpc":"2.0","id":1e3,"method":"config_get","params":{"key":"poll.busy"}}',
+        "id_neg_exp": '{"id":-2.50E+1,"jsonrpc":"2.0","method":"status"}',
+        "id_escaped_key": '{"jsonrpc":"2.0","\\u0069d":"a\\u0062","method":"peers"}',
+        "id_true_drain": '{"jsonrpc":"2.0","id":true,"method":"drain"}',
+        "id_object": '{"jsonrpc":"2.0","id":{},"method":"drain"}',
+        "id_array": '{"jsonrpc":"2.0","id":[1],"method":"config_set","params":{"key":"poll.idle_us","value":7}}',
+        "notify_fail": '{"jsonrpc":"2.0","method":"nope"}\n{"jsonrpc":"2.0","method":"config_set","params":{"key":"x"}}',
+        "notify_drain": '{"jsonrpc":"2.0","method":"drain"}\n{"jsonrpc":"2.0","method":"undrain"}',
+        "batch": '[{"jsonrpc":"2.0","id":1,"method":"status"},{"jsonrpc":"2.0","method":"drain"},'
+                 '{"jsonrpc":"2.0","id":"x","method":"nope"},5,{"jsonrpc":"2.0","id":true,"method":"undrain"},'
+                 '{"jsonrpc":"2.0","id":2.0,"method":"stats","params":{"format":"prometheus"}}]',
+        "batch_notify": '[{"jsonrpc":"2.0","method":"status"},{"jsonrpc":"2.0","method":"undrain"}]',
+        "batch_empty": '[]\n [ ] ',
+        "batch_big": "[" + ",".join(['{"jsonrpc":"2.0","method":"status"}'] * 257) + "]",
+        "batch_nested": '[[{"jsonrpc":"2.0","id":1,"method":"status"}],[]]',
+    }
+    for i, (name, r) in enumerate(sorted(rpc.items())):
+        write(t, "rpc_" + name, bytes([i % 4]) + r.encode())
 
 
 def gen_config():
@@ -314,6 +335,20 @@ peers = (
           b'tcp = { frame_max = 4096L; rx_buffer = 0x10000; tx_frames = 8; send_iov = 2; };\n'
           b'poll = { busy = true; idle_us = 0; };\n')
     write(t, "small_err.conf", b'\x02node_id = 5;\n')
+    # Integers past 32 bits, both secrets, no secret on a public address (issue 16).
+    write(t, "int64.conf", b'\0node_id = "x";\ntcp = { frame_max = 99999999999999; };\n')
+    write(t, "int64_wrap.conf", b'\0node_id = "x";\ntcp = { frame_max = 4294971392; };\n')
+    write(t, "int64_max.conf", b'\0node_id = "x";\nstage = { pool = 2147483648; buffer = 0x100000; };\n')
+    write(t, "int_past64.conf", b'\0node_id = "x";\nlimits = { max_clients = 99999999999999999999; };\n')
+    write(t, "hex_past64.conf", b'\0node_id = "x";\nlimits = { max_clients = 0x1FFFFFFFFFFFFFFFF; };\n')
+    write(t, "float_int.conf", b'\0node_id = "x";\nlimits = { max_clients = 1e3; };\n')
+    write(t, "both_secrets.conf", b'\0node_id = "x";\nauth = { secret_file = "/etc/hostname"; secret = ""; };\n')
+    write(t, "public_nosecret.conf", b'\0node_id = "x";\nlisten = "0.0.0.0:7400";\n')
+    write(t, "auth_none.conf", b'\0node_id = "x";\nlisten = "[::]:7400";\nauth = "none";\n')
+    write(t, "auth_bad.conf", b'\0node_id = "x";\nauth = "off";\n')
+    write(t, "include.conf", b'\0node_id = "x";\n@include "other.conf"\n')
+    write(t, "comments_digits.conf", b'\0node_id = "x-1"; # 99999999999999\n/* 4294967296\n */ '
+          b'rdma = { devices = "mlx5_0:1"; timeout = 14L; };\nstats = { file = "/tmp/k/a.prom"; };\n')
 
 
 # ---- client socket protocol (fuzz_client_ctrl.c) ----

@@ -351,7 +351,11 @@ def hello(path, sq, cq):
         return "eacces", ""
     data, fds = b"", []
     try:
-        s.sendall(struct.pack("<HHIQIIi", 0x4b56, 1, 1, 1, sq, cq, os.getpid()).ljust(256, b"\0"))
+        # magic, HELLO, KVP_ABI_VERSION (2), seq 1
+        s.sendall(struct.pack("<HHIQIIi", 0x4b56, 1, 2, 1, sq, cq, os.getpid()).ljust(256, b"\0"))
+    except (BrokenPipeError, ConnectionResetError):
+        pass  # refused before our HELLO was read: the reply may be waiting all the same
+    try:
         while len(data) < 256:
             msg, anc, _, _ = s.recvmsg(256 - len(data), socket.CMSG_SPACE(4 * 4))
             for lvl, typ, cd in anc:
@@ -416,14 +420,17 @@ EOF
 	local before
 	before=$(json_get "$KVP_TMP/a0.json" 'd["clients_refused"]["credentials"]')
 	chmod 0666 "$csock"
-	expect closed "non-member through a 0666 client socket" as_user "" "$py" "$KVP_TMP/peer.py" hello "$csock"
+	# Refused with the reason (a HELLO reply with -EPERM), then closed.
+	expect error "non-member through a 0666 client socket" as_user "" "$py" "$KVP_TMP/peer.py" hello "$csock"
+	as_user "" "$py" "$KVP_TMP/peer.py" hello "$csock" | grep -q -- "^error -1 kvproxyd prefill0 does not serve uid 65534" ||
+		fail "the refused non-member did not get the reason"
 	expect ok "member through a 0666 client socket" as_user "$gid" "$py" "$KVP_TMP/peer.py" hello "$csock"
 	chmod 0660 "$csock"
-	wait_json prefill0 stats "d['clients_refused']['credentials'] == $before + 1" 10 \
-		"the refused peer counted once (clients_refused.credentials)"
+	wait_json prefill0 stats "d['clients_refused']['credentials'] == $before + 2" 10 \
+		"the refused peer counted at each attempt (clients_refused.credentials)"
 	ctl prefill0 stats --prometheus >"$KVP_TMP/a.prom"
-	grep -Eq "^kvproxy_clients_refused_total\{node=\"prefill0\",reason=\"credentials\"\} $((before + 1))\$" "$KVP_TMP/a.prom" ||
-		fail "Prometheus: kvproxy_clients_refused_total{reason=\"credentials\"} is not $((before + 1))"
+	grep -Eq "^kvproxy_clients_refused_total\{node=\"prefill0\",reason=\"credentials\"\} $((before + 2))\$" "$KVP_TMP/a.prom" ||
+		fail "Prometheus: kvproxy_clients_refused_total{reason=\"credentials\"} is not $((before + 2))"
 	grep -q "client connection refused: pid [0-9]* uid 65534 gid 65534 is not uid 0" "$KVP_TMP/prefill0.log" ||
 		fail "the refused peer was not logged with its credentials"
 
@@ -435,6 +442,11 @@ EOF
 	expect error "HELLO sq 100" "$py" "$KVP_TMP/peer.py" hello "$csock" 100 0
 	"$py" "$KVP_TMP/peer.py" hello "$csock" 8192 0 | grep -q -- "-22 .*limits.sq_entries (4096)" ||
 		fail "the ring-size refusal does not give the limit"
+	# Each refused HELLO is a failed handshake, counted (issue 16).
+	wait_json prefill0 stats "d['totals']['client_handshake_failures'] >= 4" 10 \
+		"refused HELLOs counted (totals.client_handshake_failures)"
+	ctl prefill0 stats --prometheus | grep -Eq '^kvproxy_client_handshake_failures_total\{node="prefill0"\} ([4-9]|[1-9][0-9]+)$' ||
+		fail "Prometheus: kvproxy_client_handshake_failures_total below 4"
 	wait_json prefill0 status 'd["clients"] == 0' 30 "probe clients gone"
 	stop_daemon_checked prefill0
 	stop_daemon_checked decode0

@@ -124,6 +124,11 @@ case_main() {
 	done
 	expect_disconnect decode0 "$NS_D" random 9
 	expect_disconnect decode0 "$NS_D" past 10
+	# Each one counted as a ring-protocol violation (issue 16).
+	wait_json prefill0 stats "d['totals']['ring_violations'] == 5" 10 "prefill0's 5 ring violations counted"
+	wait_json decode0 stats "d['totals']['ring_violations'] == 2" 10 "decode0's 2 ring violations counted"
+	ctl prefill0 stats --prometheus | grep -q '^kvproxy_ring_violations_total{node="prefill0"} 5$' ||
+		fail "Prometheus: kvproxy_ring_violations_total of prefill0 is not 5"
 	honest_done during 268435456
 	[[ $SHAPED -eq 0 ]] || ip netns exec "$NS_P" tc qdisc del dev "$VETH_P" root
 

@@ -223,7 +223,7 @@ until [[ $(stat -c %i "$KVP_TMP/prefill0.prom") != "$ino0" ]]; do
 done
 prom_check "$KVP_TMP/prefill0.prom"
 daemon_alive prefill0 || fail "prefill0 died on SIGUSR1"
-ls "$KVP_TMP"/prefill0.prom.*.tmp >/dev/null 2>&1 && fail "a temporary stats file was left behind"
+ls "$KVP_TMP"/.prefill0.prom.* >/dev/null 2>&1 && fail "a temporary stats file was left behind"
 log "SIGUSR1 rewrote the stats file"
 
 # ---- a verified transfer; byte counters and phase histograms ----
@@ -467,7 +467,8 @@ expect_refused range "expected an integer" timeouts.admission_ms 12x
 expect_refused type "expected true or false" poll.busy maybe
 expect_refused level "expected a log level" log_level loud
 expect_refused unknown "unknown key 'no.such'" no.such 1
-expect_refused path "expected an absolute path" stats.file relative.prom
+expect_refused path "error -32001: stats.file: at run time only a file in" stats.file relative.prom
+expect_refused path "error -32001: stats.file: at run time only a file in" stats.file /etc/shadow
 ctl prefill0 --json config_get limits.max_inflight >"$KVP_TMP/cg.json" || fail "config_get limits.max_inflight"
 json_check "$KVP_TMP/cg.json" "d['value'] == 256 and not d['runtime'] and 'start' in d['fixed']" \
 	"a refused config_set changed limits.max_inflight, or config_get lacks the reason"

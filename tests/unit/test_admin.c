@@ -4,6 +4,11 @@
  * buffer; one that does not fit becomes a complete "reply too large" error
  * that keeps the request's id, and where even that does not fit there is
  * no reply at all (never half a line).
+ *
+ * JSON-RPC 2.0 conformance: ids of every kind echoed exactly, invalid ids
+ * refused and not executed, notifications never answered (even failing
+ * ones), batches answered with an array (none for notifications only, one
+ * error for an empty batch).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -87,6 +92,128 @@ sweep(const char *what, const char *req, json_t *want_id, bool result, size_t er
 	free(buf);
 }
 
+static char rbuf[1 << 16];
+
+/* Handle @p req; the reply text (NUL-terminated) is in rbuf. @return its length */
+static size_t
+rpc(const char *req)
+{
+	size_t len = kvp_admin_handle(&node, req, strlen(req), rbuf, sizeof(rbuf) - 1);
+
+	rbuf[len] = '\0';
+	return len;
+}
+
+static void
+expect_contains(const char *what, const char *needle)
+{
+	if (!strstr(rbuf, needle)) {
+		fprintf(stderr, "%s: reply '%s' lacks '%s'\n", what, rbuf, needle);
+		check_failures++;
+	}
+}
+
+/* The reply is one object with @p code (0: a result) and id text @p id. */
+static void
+expect_reply(const char *what, const char *req, const char *id, int code)
+{
+	char want[96];
+	json_t *r;
+
+	CHECK(rpc(req) > 0);
+	r = json_loads(rbuf, 0, NULL);
+	CHECK(json_is_object(r));
+	snprintf(want, sizeof(want), "{\"jsonrpc\":\"2.0\",\"id\":%s,", id);
+	if (strncmp(rbuf, want, strlen(want)) != 0) {
+		fprintf(stderr, "%s: reply '%s' does not start '%s'\n", what, rbuf, want);
+		check_failures++;
+	}
+	if (code)
+		CHECK_EQ(json_integer_value(json_object_get(json_object_get(r, "error"), "code")),
+			 code);
+	else
+		CHECK(json_object_get(r, "result") != NULL);
+	json_decref(r);
+}
+
+static void
+jsonrpc_conformance(void)
+{
+	/* Ids: strings, numbers of any form (echoed as written), null. */
+	expect_reply("id 1.5", "{\"jsonrpc\":\"2.0\",\"id\":1.5,\"method\":\"config_get\"}", "1.5", 0);
+	expect_reply("id 1e3", "{\"jsonrpc\":\"2.0\",\"id\":1e3,\"method\":\"config_get\"}", "1e3", 0);
+	expect_reply("id -2.50E+1", "{\"id\" : -2.50E+1, \"jsonrpc\":\"2.0\",\"method\":\"status\"}",
+		     "-2.50E+1", 0);
+	expect_reply("id string", "{\"jsonrpc\":\"2.0\",\"id\":\"a\\u0062c\",\"method\":\"status\"}",
+		     "\"a\\u0062c\"", 0);
+	expect_reply("id null", "{\"jsonrpc\":\"2.0\",\"id\":null,\"method\":\"status\"}", "null", 0);
+	expect_reply("escaped key", "{\"jsonrpc\":\"2.0\",\"\\u0069d\":7,\"method\":\"status\"}", "7", 0);
+
+	/* Invalid ids: -32600 with a null id, and the request is not executed. */
+	static const char *bad_ids[] = { "true", "{}", "[1]", "false", "{\"a\":1}" };
+	for (size_t i = 0; i < sizeof(bad_ids) / sizeof(bad_ids[0]); i++) {
+		char req[128];
+
+		snprintf(req, sizeof(req), "{\"jsonrpc\":\"2.0\",\"id\":%s,\"method\":\"drain\"}",
+			 bad_ids[i]);
+		expect_reply(bad_ids[i], req, "null", -32600);
+		CHECK(!node.draining);
+	}
+
+	/* Notifications: never a reply, whether they fail or not; executed when valid. */
+	CHECK_EQ(rpc("{\"jsonrpc\":\"2.0\",\"method\":\"no_such_method\"}"), 0);
+	CHECK_EQ(rpc("{\"jsonrpc\":\"2.0\",\"method\":\"config_set\",\"params\":{\"key\":\"x\"}}"), 0);
+	CHECK_EQ(rpc("{\"jsonrpc\":\"2.0\",\"method\":\"status\",\"params\":[1,2]}"), 0);
+	CHECK_EQ(rpc("{\"jsonrpc\":\"2.0\",\"method\":\"drain\"}"), 0);
+	CHECK(node.draining);
+	CHECK_EQ(rpc("{\"jsonrpc\":\"2.0\",\"method\":\"undrain\"}"), 0);
+	CHECK(!node.draining);
+	/* Not a valid request, so not a notification: answered (id null). */
+	expect_reply("no jsonrpc", "{\"method\":\"status\"}", "null", -32600);
+	expect_reply("method not a string", "{\"jsonrpc\":\"2.0\",\"method\":1,\"params\":\"bar\"}",
+		     "null", -32600);
+	expect_reply("a number", "5", "null", -32600);
+	expect_reply("parse error", "{\"jsonrpc\":\"2.0\",\"method\"", "null", -32700);
+	expect_reply("failing request", "{\"jsonrpc\":\"2.0\",\"id\":3,\"method\":\"nope\"}", "3", -32601);
+
+	/* Batches: an array of the replies, in order; notifications leave no entry. */
+	CHECK(rpc("[{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"config_get\",\"params\":{\"key\":"
+		  "\"limits.max_clients\"}}, {\"jsonrpc\":\"2.0\",\"method\":\"status\"},"
+		  "{\"jsonrpc\":\"2.0\",\"id\":\"x\",\"method\":\"nope\"}, 5, {\"jsonrpc\":\"2.0\","
+		  "\"id\":true,\"method\":\"drain\"},{\"jsonrpc\":\"2.0\",\"id\":2.0,\"method\":\"status\"}]") > 0);
+	json_t *r = json_loads(rbuf, 0, NULL);
+	CHECK(json_is_array(r) && json_array_size(r) == 5);
+	CHECK_EQ(json_integer_value(json_object_get(json_array_get(r, 0), "id")), 1);
+	CHECK(json_object_get(json_array_get(r, 0), "result") != NULL);
+	CHECK(strcmp(json_string_value(json_object_get(json_array_get(r, 1), "id")), "x") == 0);
+	CHECK_EQ(json_integer_value(json_object_get(json_object_get(json_array_get(r, 1), "error"), "code")), -32601);
+	CHECK(json_is_null(json_object_get(json_array_get(r, 2), "id")));
+	CHECK_EQ(json_integer_value(json_object_get(json_object_get(json_array_get(r, 2), "error"), "code")), -32600);
+	CHECK_EQ(json_integer_value(json_object_get(json_object_get(json_array_get(r, 3), "error"), "code")), -32600);
+	CHECK(json_object_get(json_array_get(r, 4), "result") != NULL);
+	expect_contains("batch id 2.0", "\"id\":2.0,");
+	json_decref(r);
+	CHECK(!node.draining);
+	/* Notifications only: no reply at all (they still run). */
+	CHECK_EQ(rpc("[{\"jsonrpc\":\"2.0\",\"method\":\"drain\"},{\"jsonrpc\":\"2.0\",\"method\":\"nope\"}]"), 0);
+	CHECK(node.draining);
+	CHECK_EQ(rpc("[{\"jsonrpc\":\"2.0\",\"method\":\"undrain\"}]"), 0);
+	CHECK(!node.draining);
+	/* An empty batch is one Invalid Request, not an array. */
+	expect_reply("empty batch", "[]", "null", -32600);
+	expect_reply("empty batch with blanks", " [ ] ", "null", -32600);
+	/* More than 256 requests: one error, nothing executed. */
+	static char big[300 * 40];
+	size_t off = 0;
+	off += (size_t)snprintf(big + off, sizeof(big) - off, "[");
+	for (int i = 0; i < 257; i++)
+		off += (size_t)snprintf(big + off, sizeof(big) - off,
+					"%s{\"jsonrpc\":\"2.0\",\"method\":\"drain\"}", i ? "," : "");
+	snprintf(big + off, sizeof(big) - off, "]");
+	expect_reply("batch of 257", big, "null", -32600);
+	CHECK(!node.draining);
+}
+
 int
 main(void)
 {
@@ -122,6 +249,7 @@ main(void)
 	CHECK_EQ(kvp_admin_handle(&node, "{\"jsonrpc\":\"2.0\",\"method\":\"status\"}", 35, big,
 				  sizeof(big)),
 		 0);
+	jsonrpc_conformance();
 	json_decref(id7);
 	json_decref(idabc);
 	json_decref(idnull);

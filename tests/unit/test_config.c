@@ -1,6 +1,12 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
-/* Config loader: the sample loads; every kind of bad input names file and line. */
+/*
+ * Config loader: the sample loads; every kind of bad input names file and
+ * line. Integers are read as 64 bits whatever libconfig does with them;
+ * authentication cannot be switched off by the order of keys or by leaving
+ * it out on a public address; stats.file cannot be moved anywhere at run time.
+ */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -35,6 +41,125 @@ expect_error(const char *text, int line, const char *what)
 			prefix, what);
 		check_failures++;
 	}
+}
+
+/*
+ * libconfig 1.5 reads unsuffixed literals as int: 99999999999999 became
+ * 276447231 and 2147483648 became negative. Every value past 32 bits must be
+ * seen as written: refused when out of range, accepted when in it.
+ */
+static void
+integers_64(void)
+{
+	struct kvp_config cfg;
+	char err[512];
+
+	expect_error("node_id = \"n1\";\ntcp = { frame_max = 99999999999999; };\n", 2,
+		     "tcp.frame_max: 99999999999999 out of range");
+	expect_error("node_id = \"n1\";\ntcp = { frame_max = 4294967296; };\n", 2,
+		     "4294967296 out of range");
+	expect_error("node_id = \"n1\";\ntcp = { frame_max = 4294971392; };\n", 2,
+		     "4294971392 out of range"); /* 2^32 + 4096: wrapped, it would be in range */
+	expect_error("node_id = \"n1\";\nlimits = { max_clients = 0x100000010; };\n", 2,
+		     "4294967312 out of range");
+	expect_error("node_id = \"n1\";\nstage = { pool = 2147483649; };\n", 2,
+		     "2147483649 out of range");
+	expect_error("node_id = \"n1\";\n\ntcp = { frame_max = 99999999999999999999; };\n", 3,
+		     "does not fit in 64 bits");
+	expect_error("node_id = \"n1\";\ntcp = { frame_max = 0x1FFFFFFFFFFFFFFFF; };\n", 2,
+		     "does not fit in 64 bits");
+	expect_error("node_id = \"n1\";\ntcp = { frame_max = -1; };\n", 2, "-1 out of range");
+	expect_error("node_id = \"n1\";\ntcp = { frame_max = 1e3; };\n", 2, "expected an integer");
+	expect_error("node_id = \"n1\";\n@include \"/etc/passwd\"\n", 2, "@include is not supported");
+	/* The documented maximum, as written: no "L" needed. */
+	CHECK_EQ(load_text("node_id = \"n1\";\nstage = { pool = 2147483648; };\n", &cfg, err,
+			   sizeof(err)),
+		 0);
+	CHECK_EQ(cfg.stage_pool, 2147483648u);
+	CHECK_EQ(load_text("node_id = \"n1\";\nstage = { pool = 2147483648L; buffer = 0x100000; };\n",
+			   &cfg, err, sizeof(err)),
+		 0);
+	CHECK_EQ(cfg.stage_buf, 1u << 20);
+	/* Digits inside names, strings and comments are not numbers. */
+	CHECK_EQ(load_text("node_id = \"n1-2x3\"; # 99999999999999\n/* 4294967296 */ "
+			   "rdma = { devices = \"mlx5_0:1\"; };\n",
+			   &cfg, err, sizeof(err)),
+		 0);
+	CHECK(strcmp(cfg.node_id, "n1-2x3") == 0 && strcmp(cfg.rdma_devices, "mlx5_0:1") == 0);
+}
+
+static void
+authentication(const char *sf)
+{
+	struct kvp_config cfg;
+	char err[512], text[512], val[32];
+	int fd = open(sf, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+
+	CHECK(fd >= 0 && write(fd, "from-file\n", 10) == 10);
+	close(fd);
+	/* Both ways of giving the secret: an error at the later one, in either order. */
+	snprintf(text, sizeof(text),
+		 "node_id = \"n1\";\nauth = {\n secret_file = \"%s\";\n secret = \"\";\n};\n", sf);
+	expect_error(text, 4, "secret and secret_file are both set");
+	snprintf(text, sizeof(text),
+		 "node_id = \"n1\";\nauth = {\n secret = \"x\";\n secret_file = \"%s\";\n};\n", sf);
+	expect_error(text, 4, "secret and secret_file are both set");
+	/* No secret on a public address: refused, unless auth = "none" says so. */
+	expect_error("node_id = \"n1\";\nlisten = \"0.0.0.0:7400\";\n", 2,
+		     "is not a loopback address");
+	expect_error("node_id = \"n1\";\nlisten = \"10.1.2.3:7400\";\nauth = { secret = \"\"; };\n", 2,
+		     "is not a loopback address");
+	expect_error("node_id = \"n1\";\nlisten = \"[::]:7400\";\n", 2, "is not a loopback address");
+	expect_error("node_id = \"n1\";\nauth = \"off\";\n", 2, "expected \"none\"");
+	CHECK_EQ(load_text("node_id = \"n1\";\nlisten = \"0.0.0.0:7400\";\nauth = \"none\";\n", &cfg,
+			   err, sizeof(err)),
+		 0);
+	CHECK(cfg.auth_none && cfg.auth_secret[0] == '\0');
+	CHECK_EQ(kvp_config_get(&cfg, "auth", val, sizeof(val), NULL), 0);
+	CHECK(strcmp(val, "none") == 0);
+	snprintf(text, sizeof(text),
+		 "node_id = \"n1\";\nlisten = \"0.0.0.0:7400\";\nauth = { secret_file = \"%s\"; };\n", sf);
+	CHECK_EQ(load_text(text, &cfg, err, sizeof(err)), 0);
+	CHECK(!cfg.auth_none && strcmp(cfg.auth_secret, "from-file") == 0);
+	/* Loopback needs no secret; the default listen address is loopback. */
+	static const char *const lo[] = { "127.0.0.1:1", "127.9.9.9:1", "[::1]:1", "localhost:1" };
+	for (size_t i = 0; i < sizeof(lo) / sizeof(lo[0]); i++) {
+		snprintf(text, sizeof(text), "node_id = \"n1\";\nlisten = \"%s\";\n", lo[i]);
+		CHECK_EQ(load_text(text, &cfg, err, sizeof(err)), 0);
+	}
+	CHECK_EQ(load_text("node_id = \"n1\";\n", &cfg, err, sizeof(err)), 0);
+	CHECK(strcmp(cfg.listen_host, "127.0.0.1") == 0);
+	unlink(sf);
+}
+
+/* stats.file: absolute at start; at run time only within its start directory. */
+static void
+stats_file(void)
+{
+	struct kvp_config cfg;
+	char err[512], why[256];
+
+	expect_error("node_id = \"n1\";\nstats = { file = \"/var/lib/x/\"; };\n", 2,
+		     "absolute path of a file");
+	CHECK_EQ(load_text("node_id = \"n1\";\n", &cfg, err, sizeof(err)), 0);
+	CHECK_EQ(kvp_config_set(&cfg, "stats.file", "/tmp/x.prom", why, sizeof(why)), -EPERM);
+	CHECK(strstr(why, "no stats.file was configured at start") != NULL);
+	CHECK_EQ(kvp_config_set(&cfg, "stats.file", "", why, sizeof(why)), 0);
+	CHECK_EQ(load_text("node_id = \"n1\";\nstats = { file = \"/var/lib/kvp/a.prom\"; };\n", &cfg,
+			   err, sizeof(err)),
+		 0);
+	static const char *const refused[] = {
+		"/etc/shadow", "/var/lib/kvp/../../../etc/shadow", "/var/lib/kvp/sub/a.prom",
+		"relative.prom", "/var/lib/kvp/", "/var/lib/kvp/..", "/var/lib/kvpx/a.prom",
+	};
+	for (size_t i = 0; i < sizeof(refused) / sizeof(refused[0]); i++) {
+		CHECK_EQ(kvp_config_set(&cfg, "stats.file", refused[i], why, sizeof(why)), -EPERM);
+		CHECK(strcmp(cfg.stats_file, "/var/lib/kvp/a.prom") == 0);
+	}
+	CHECK_EQ(kvp_config_set(&cfg, "stats.file", "/var/lib/kvp/b.prom", why, sizeof(why)), 0);
+	CHECK(strcmp(cfg.stats_file, "/var/lib/kvp/b.prom") == 0);
+	CHECK_EQ(kvp_config_set(&cfg, "stats.file", "", why, sizeof(why)), 0);
+	CHECK_EQ(kvp_config_set(&cfg, "stats.file", "/var/lib/kvp/a.prom", why, sizeof(why)), 0);
 }
 
 int
@@ -138,6 +263,10 @@ main(int argc, char **argv)
 	expect_error("node_id = \"n1\";\nclient_group = \"4294967295\";\n", 2, "out of range");
 	expect_error("node_id = \"n1\";\nclient_group = 100;\n", 2, "expected a string");
 	expect_error("node_id = \"n1\";\ntimeouts = { admin_ms = 0; };\n", 2, "out of range");
+
+	integers_64();
+	authentication(sf);
+	stats_file();
 
 	/* A missing file is ENOENT, not a crash. */
 	CHECK_EQ(kvp_config_load("/nonexistent/kvp.conf", &cfg, err, sizeof(err)), -ENOENT);

@@ -105,7 +105,9 @@ send_all(int fd, const char *buf, size_t len, double deadline, const char *path)
 			}
 			continue;
 		}
-		fprintf(stderr, "%s: %s: send: %s\n", prog, path, strerror(errno));
+		/* EPIPE: the caller looks for the daemon's reason first. */
+		if (errno != EPIPE)
+			fprintf(stderr, "%s: %s: send: %s\n", prog, path, strerror(errno));
 		return -errno;
 	}
 	return 0;
@@ -214,9 +216,20 @@ rpc_call(const struct opts *o, const char *method, json_t *params, json_t **resu
 	fd = connect_admin(o->socket, deadline);
 	if (fd < 0)
 		goto err_free_line;
-	if (send_all(fd, line, len + 1, deadline, o->socket) < 0)
+	int sent = send_all(fd, line, len + 1, deadline, o->socket);
+
+	/*
+	 * A daemon that refuses the connection (too many, out of file
+	 * descriptors) writes its error line and closes: read it rather than
+	 * report the closed socket.
+	 */
+	if (sent == -EPIPE && recv_line(fd, &reply, &reply_len, now_s() + 0.5, o->socket) < 0) {
+		fprintf(stderr, "%s: %s: send: %s\n", prog, o->socket, strerror(EPIPE));
 		goto err_close;
-	if (recv_line(fd, &reply, &reply_len, deadline, o->socket) < 0)
+	}
+	if (sent < 0 && sent != -EPIPE)
+		goto err_close;
+	if (sent == 0 && recv_line(fd, &reply, &reply_len, deadline, o->socket) < 0)
 		goto err_close;
 
 	rep = json_loadb(reply, reply_len, 0, &jerr);
