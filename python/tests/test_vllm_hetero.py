@@ -333,7 +333,9 @@ class HeteroTransferTest(unittest.TestCase):
                 h = Hetero(self, 2, 1, **kv)
                 r, d = h.move(self, SRC, DST, 12)
                 st = h.de.workers[0].worker.receiver.debug_state(d)
-                self.assertEqual((st["sources"], st["how"]), (2, "landed"))
+                # "final": a source's status came before its last landing notice.
+                self.assertEqual(st["sources"], 2)
+                self.assertIn(st["how"], ("landed", "final"))
                 self.assertEqual(len(st["landed"]), 2 * st["total"])
                 self.assertEqual(h.segments(r), [[len(h.pkv[0].planes) * _runs(SRC, DST)]] * 2)
 
@@ -387,7 +389,8 @@ class HeteroFailureTest(unittest.TestCase):
         end = h.de.workers[0].worker.receiver.debug_state(d)
         log(f"one of two sources refused: ended '{end['how']}' after {secs * 1000:.0f} ms, sources {end['srcs']}")
         self.assertEqual(h.de.errors, set(dst))
-        self.assertEqual(end["srcs"], [(0, "landed"), (1, "final")])
+        self.assertEqual(end["srcs"][1], (1, "final"))
+        self.assertIn(end["srcs"][0], ((0, "landed"), (0, "final")))  # its status may beat its last landing
         self.assertEqual(h.de.stats.data["fences"], 1)
         self.assertLess(secs, 5.0)
         self.assertEqual({n for n in end["landed"] if n >> end["shift"] == 0}, set(range(end["total"])))

@@ -509,8 +509,10 @@ class Receiver:
             lp.posts.append(("", s.key, None))
             lp.posts.append(("", s.key + "~s", None))
         if not r.open_srcs():
-            hows = [x.how for x in r.srcs if x.how != "landed"]
-            self.finish_locked(r, hows[0] if hows else "landed")
+            # How it ended: by the last source's close, unless that one landed
+            # whole after another did not.
+            others = [x.how for x in r.srcs if x.how != "landed"]
+            self.finish_locked(r, how if how != "landed" or not others else others[0])
 
     def on_status_locked(self, lp: _Loop, key: str, st: Any, stored_at: float) -> None:
         if not isinstance(st, dict):
