@@ -113,6 +113,7 @@ class WorkerSide:
         self.mla = bool(self._mla_cfg)
         self.slice_why: Optional[str] = None
         self._per_xfer_by_tp: Dict[int, int] = {}
+        self._templates: Dict[Tuple[bool, int, int, int, int], List[Template]] = {}
         self.max_segs = 1
         self.lock = threading.Lock()
         self.cond = threading.Condition(self.lock)
@@ -203,11 +204,17 @@ class WorkerSide:
         ``mine`` on) and the other side's (``other_heads`` per block, from its
         local head ``other``), ``n`` heads, in the direction of ``sending``."""
         assert self.layout is not None
+        key = (sending, mine, other_heads, other, n)
+        got = self._templates.get(key)  # the same few per peer TP size: built once
+        if got is not None:
+            return got
         out = []
         for p in self.layout.planes:
             assert p.geom is not None
             g, o = p.geom, p.geom.with_heads(other_heads)
             out.append(Template(g, mine, o, other, n) if sending else Template(o, other, g, mine, n))
+        if len(self._templates) < 64:
+            self._templates[key] = out
         return out
 
     def per_xfer_for(self, p_tp: int) -> int:
