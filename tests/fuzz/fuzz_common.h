@@ -17,7 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "kvp_core.h"
+#include "ctrl_priv.h"
 
 /*
  * The byte that getrandom() returns in fuzz builds. Region keys become

@@ -12,7 +12,8 @@
 #include <unistd.h>
 
 #include "check.h"
-#include "kvp_core.h"
+#include "kvp_config.h"
+#include "kvp_log.h"
 
 static char path[] = "/tmp/kvp-test-config-XXXXXX";
 

@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "check.h"
-#include "kvp_core.h"
+#include "kvp_worker.h"
 
 /* Bucket i holds (upper(i-1), upper(i)]. */
 static void

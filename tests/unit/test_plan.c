@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "check.h"
-#include "kvp_core.h"
+#include "kvp_worker.h"
 
 #define MAXP 4096
 

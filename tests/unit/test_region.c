@@ -7,7 +7,7 @@
 #include <unistd.h>
 
 #include "check.h"
-#include "kvp_core.h"
+#include "kvp_region.h"
 
 static int
 make_fd(size_t len)

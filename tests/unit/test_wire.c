@@ -3,7 +3,7 @@
 #include <errno.h>
 
 #include "check.h"
-#include "kvp_core.h"
+#include "kvp_wire.h"
 
 int
 main(void)
