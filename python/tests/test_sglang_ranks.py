@@ -119,6 +119,7 @@ class Cluster:
         self.ranks: List[Dict[str, Any]] = []
         self.coord: Optional[sh.Coordinator] = None
         self.http: Optional[ThreadingHTTPServer] = None
+        self.killed: set = set()
 
     def daemon(self, node_id: str, peers: List[Tuple[str, str]], listen: str = "127.0.0.1", port: int = 0,
                netns: Optional[str] = None) -> NsDaemon:
@@ -195,6 +196,13 @@ class Cluster:
             self.coord.wait_event(lambda e, n=r["name"]: e.get("ev") == "up" and e["rank"] == n, T, f"up {r['name']}")
         return self.coord
 
+    def kill_rank(self, name: str) -> None:
+        """SIGKILL one rank process (a dying worker); close() does not count it as a failure."""
+        i = [r["name"] for r in self.ranks].index(name)
+        self.procs[i].kill()
+        self.procs[i].wait(timeout=T)
+        self.killed.add(i)
+
     def close(self) -> None:
         if self.coord is not None:
             self.coord.close()
@@ -204,7 +212,8 @@ class Cluster:
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
-        bad = [p.returncode for p in self.procs if p.returncode not in (0, None)]
+        bad = [(self.ranks[i]["name"], p.returncode) for i, p in enumerate(self.procs)
+               if p.returncode not in (0, None) and i not in self.killed]
         if self.http is not None:
             self.http.shutdown()
         for srv in self.boots:
