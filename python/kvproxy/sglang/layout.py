@@ -286,7 +286,7 @@ def _state_pairs(s: Dict[str, Any], d: Dict[str, Any], src: Dict[str, Any], dst:
     ns, nd = len(s["items"]), len(d["items"])
     if s.get("layer_ids") and d.get("layer_ids"):
         return pair_by_ids(s["layer_ids"], d["layer_ids"], what)
-    if ns == nd and list(src["layers"]) == list(dst["layers"]):
+    if ns == nd and (list(src["layers"]) == list(dst["layers"]) or int(src.get("pp_size", 1)) == 1):
         return [(i, i) for i in range(ns)]
     raise LayoutError(f"{what}: prefill {ns} buffers (layers [{src['layers'][0]}, {src['layers'][1]})), decode "
                       f"{nd} (layers [{dst['layers'][0]}, {dst['layers'][1]})): pairing them needs "
@@ -307,9 +307,13 @@ def build_plan(src: Dict[str, Any], dst: Dict[str, Any]) -> Plan:
     pps, dps = int(src.get("pp_size", 1)), int(dst.get("pp_size", 1))
     if dps != 1 and dps != pps:
         raise LayoutError(f"pipeline-parallel sizes: prefill {pps}, decode {dps} (decode must be 1 or the same)")
-    if dps == pps and list(src["layers"]) != list(dst["layers"]):
-        raise LayoutError(f"layer range differs: prefill [{src['layers'][0]}, {src['layers'][1]}), decode "
-                          f"[{dst['layers'][0]}, {dst['layers'][1]})")
+    (s0, s1), (d0, d1) = src["layers"], dst["layers"]
+    if dps == pps and s1 - s0 != d1 - d0:
+        raise LayoutError(f"layer range differs: prefill [{s0}, {s1}), decode [{d0}, {d1})")
+    if dps == pps > 1 and d0 != s0:
+        # sglang's decode managers are not told their stage's first layer: the
+        # same stage on both sides holds the same layers.
+        dst = dict(dst, layers=[s0, s1])
     if p not in source_ranks(ptp, dtp, dr):
         raise LayoutError(f"prefill attention-TP rank {p} does not serve decode rank {dr}")
     mla = bool(src.get("is_mla"))
@@ -317,13 +321,18 @@ def build_plan(src: Dict[str, Any], dst: Dict[str, Any]) -> Plan:
     page = int(src.get("page_size") or 1)
     sitems, ditems = [int(x) for x in src["kv_item_lens"]], [int(x) for x in dst["kv_item_lens"]]
     per_layer = 1 if mla else 2
-    kvpairs = pair_by_ids(_ids(src, src.get("kv_layer_ids"), len(sitems), per_layer, "KV buffers"),
-                          _ids(dst, dst.get("kv_layer_ids"), len(ditems), per_layer, "KV buffers"), "KV buffers")
+    if pps == 1 and len(sitems) == len(ditems) and bool(src.get("kv_layer_ids")) != bool(dst.get("kv_layer_ids")):
+        kvpairs = [(i, i) for i in range(len(sitems))]  # one side names its layers, the other not: the same model
+    else:
+        kvpairs = pair_by_ids(_ids(src, src.get("kv_layer_ids"), len(sitems), per_layer, "KV buffers"),
+                              _ids(dst, dst.get("kv_layer_ids"), len(ditems), per_layer, "KV buffers"), "KV buffers")
 
     heads: Optional[Tuple[int, int, Tuple[int, int, int]]] = None
     if not mla and ptp != dtp:
-        total = int(src.get("total_kv_heads") or 0)
-        if total <= 0 or int(dst.get("total_kv_heads") or 0) != total:
+        # sglang tells prefill managers the model's KV heads (decode managers
+        # only with its staging buffers): either side's count serves both.
+        total = int(src.get("total_kv_heads") or dst.get("total_kv_heads") or 0)
+        if total <= 0 or int(dst.get("total_kv_heads") or total) != total:
             raise LayoutError(f"attention TP sizes differ (prefill {ptp}, decode {dtp}): KV heads prefill "
                               f"{src.get('total_kv_heads')}, decode {dst.get('total_kv_heads')} (KVArgs.total_kv_head_num)")
         sh, dh = kv_heads(total, ptp, p)[1], kv_heads(total, dtp, dr)[1]
