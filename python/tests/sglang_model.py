@@ -32,7 +32,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import struct
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Sequence, Tuple
 
 UNIT = 32
 K, V, LATENT, SWA_K, SWA_V, MAMBA = 1, 2, 3, 4, 5, 16
