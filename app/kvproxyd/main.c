@@ -156,16 +156,22 @@ parse_app(int argc, char **argv, struct app_opts *o)
 	return rc;
 }
 
-/* Pick the transport for this node; explain the choice, refuse what cannot work. */
-static const struct kvp_transport_ops *
-pick_transport(const struct kvp_config *cfg)
+/*
+ * Pick the transports for this node, in the order each transfer is offered
+ * to them (RDMA first where it works; TCP always, as the fallback and the
+ * control channel); explain the choice, refuse what cannot work.
+ * @return how many, 0 if none can work
+ */
+static unsigned
+pick_transports(const struct kvp_config *cfg, const struct kvp_transport_ops **tps)
 {
 	char why[160];
 	int n;
 
 	if (cfg->transport == KVP_TRANSPORT_TCP) {
 		snprintf(transport_why, sizeof(transport_why), "configured (transport = \"tcp\")");
-		return &kvp_tcp_stage_ops;
+		tps[0] = &kvp_tcp_stage_ops;
+		return 1;
 	}
 	n = kvp_gdr_probe(rails, KVP_RAILS_MAX, why, sizeof(why));
 	rdma_ports = n;
@@ -178,16 +184,19 @@ pick_transport(const struct kvp_config *cfg)
 			 "transport = \"%s\": %d RDMA rail(s) in use; transfers that cannot go by "
 			 "RDMA take the TCP staging path",
 			 cfg->transport == KVP_TRANSPORT_AUTO ? "auto" : "rdma", n);
-		return &kvp_rdma_ops;
+		tps[0] = &kvp_rdma_ops;
+		tps[1] = &kvp_tcp_stage_ops;
+		return 2;
 	}
 	if (cfg->transport == KVP_TRANSPORT_AUTO) {
 		snprintf(transport_why, sizeof(transport_why),
 			 "transport = \"auto\" and no usable RDMA: %s", why);
 		KVP_LOG(NOTICE, app, "transport auto: using tcp (%s)", transport_why);
-		return &kvp_tcp_stage_ops;
+		tps[0] = &kvp_tcp_stage_ops;
+		return 1;
 	}
 	KVP_LOG(ERR, app, "transport rdma: %s", why);
-	return NULL;
+	return 0;
 }
 
 /*
@@ -297,8 +306,9 @@ main(int argc, char **argv)
 		rte_eal_cleanup();
 		return 1;
 	}
-	const struct kvp_transport_ops *tops = pick_transport(&cfg);
-	if (!tops) {
+	const struct kvp_transport_ops *tps[KVP_TP_MAX];
+	unsigned ntps = pick_transports(&cfg, tps);
+	if (ntps == 0) {
 		rte_eal_cleanup();
 		return 1;
 	}
@@ -315,7 +325,7 @@ main(int argc, char **argv)
 	signal(SIGPIPE, SIG_IGN);
 
 	/* The data path runs on one worker lcore; connections and clients all live there. */
-	if (kvp_node_init(&node, &cfg, tops, 1, err, sizeof(err)) < 0) {
+	if (kvp_node_init(&node, &cfg, tps, ntps, 1, err, sizeof(err)) < 0) {
 		fprintf(stderr, "kvproxyd: %s\n", err);
 		kvp_gdr_close();
 		rte_eal_cleanup();

@@ -22,17 +22,19 @@ worker_sleep(struct kvp_worker *w)
 {
 	if (!kvp_worker_prepare_sleep(w))
 		return;
-	struct pollfd pfd[2] = {
-		{ .fd = w->evfd, .events = POLLIN },
-		{ .fd = w->tops->sleep_fd(w->tctx), .events = POLLIN },
-	};
+	struct pollfd pfd[1 + KVP_TP_MAX] = { { .fd = w->evfd, .events = POLLIN } };
+	int fds[KVP_TP_MAX];
+	unsigned n = kvp_worker_sleep_fds(w, fds, KVP_TP_MAX);
+
+	for (unsigned i = 0; i < n; i++)
+		pfd[1 + i] = (struct pollfd){ .fd = fds[i], .events = POLLIN };
 	/* Heartbeats are due every peer_ms / 4: wake often enough to send them. */
 	int idle = (int)(w->cfg->peer_timeout_ms / 8);
 	/* Ended transfers waiting for CQ room have no deadline left to watch. */
 	bool busy = w->nfree + w->nbacklog < w->nxfers || w->fences_pending;
 	int timeout = busy ? SLEEP_BUSY_MS : idle < SLEEP_IDLE_MS ? idle : SLEEP_IDLE_MS;
 
-	poll(pfd, 2, timeout);
+	poll(pfd, 1 + n, timeout);
 	kvp_worker_finish_sleep(w);
 	KVP_STAT_ADD(w->stats.sleeps, 1);
 }
@@ -44,12 +46,12 @@ kvp_worker_loop(void *arg)
 	uint64_t prev = kvp_mono_ns(), idle_since = prev;
 
 	KVP_LOG(INFO, app, "worker %u running on lcore %u (%s transport, %s)", w->idx, w->lcore,
-		w->tops->name, w->cfg->busy_poll ? "busy-poll" : "adaptive polling");
+		w->tp[0].ops->name, w->cfg->busy_poll ? "busy-poll" : "adaptive polling");
 	while (!w->quit) {
 		int work = kvp_worker_inbox(w);
 
 		work += kvp_worker_poll_chans(w);
-		work += w->tops->progress(w->tctx);
+		work += kvp_worker_progress(w);
 		uint64_t now = kvp_mono_ns();
 		work += kvp_worker_timers(w, now);
 

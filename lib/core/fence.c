@@ -15,7 +15,7 @@
  */
 #include <string.h>
 
-#include "kvp_core.h"
+#include "kvp_transport.h"
 #include "worker_priv.h"
 
 static struct kvp_chan *
@@ -67,7 +67,7 @@ fence_done(struct kvp_worker *w, struct kvp_fence *f, uint64_t now, int status)
 static uint32_t
 landings(struct kvp_worker *w, const struct kvp_fence *f, bool force)
 {
-	return w->tops->fence ? w->tops->fence(w->tctx, f, force) : 0;
+	return route_fence(w, f, force);
 }
 
 static void

@@ -25,7 +25,10 @@ enum kvp_wire_type {
 	KVP_W_ABORT,	 /**< sender gave up on tag; receiver forgets it (rsvd: KVP_ABORT_F_*) */
 	KVP_W_PING,	 /**< liveness; answered by PONG */
 	KVP_W_PONG,
-	/* RDMA transport control, over the same TCP connections (lib/gdr). */
+	/*
+	 * Peer control frames (kvp_wire_is_ctl()): the peer control channel
+	 * carries them between two nodes' transports (the RDMA transport's today).
+	 */
 	KVP_W_RDMA_QP,	  /**< sender -> receiver: connect this QP (struct kvp_wire_qp) */
 	KVP_W_RDMA_QP_OK, /**< receiver -> sender: its end of the QP (struct kvp_wire_qp) */
 	KVP_W_RDMA_REQ,	  /**< sender -> receiver: grant key; off = bytes, aux = user_id,
@@ -36,18 +39,18 @@ enum kvp_wire_type {
 	/* Back to the data stream. */
 	KVP_W_DATA2D, /**< len / aux2 blocks of aux2 bytes, landing dst_stride (rsvd) apart
 		       from off of region key; aux = user_id */
+	KVP_W_UNSUPPORTED, /**< control: nobody here takes control frames of type aux */
 	KVP_W_TYPE_MAX
 };
 
-/** Types of the RDMA transport's control frames. */
+/** Peer control frames: what the peer control channel carries. */
 static inline bool
-kvp_wire_is_rdma(uint8_t type)
+kvp_wire_is_ctl(uint8_t type)
 {
-	return type >= KVP_W_RDMA_QP && type <= KVP_W_RDMA_REVOKE;
+	return (type >= KVP_W_RDMA_QP && type <= KVP_W_RDMA_REVOKE) || type == KVP_W_UNSUPPORTED;
 }
 
 #define KVP_WIRE_RAILS_MAX 8 /**< rails a node may offer to one peer */
-#define KVP_RESET_NO_RDMA  1u /**< RDMA_RESET rsvd: this node has no RDMA; send over TCP */
 
 /** Payload of RDMA_QP and RDMA_QP_OK: one end of an RC queue pair. */
 struct kvp_wire_qp {

@@ -277,13 +277,14 @@ err_report:
 
 int
 kvp_node_init(struct kvp_node *n, const struct kvp_config *cfg,
-	      const struct kvp_transport_ops *tops, unsigned nworkers, char *err, size_t errlen)
+	      const struct kvp_transport_ops *const *tps, unsigned ntps, unsigned nworkers,
+	      char *err, size_t errlen)
 {
 	int rc, admin_lock = -1;
 
 	memset(n, 0, sizeof(*n));
 	n->cfg = *cfg;
-	n->tops = tops;
+	n->tops = tps[0];
 	n->start_ns = kvp_mono_ns();
 	n->client_lfd = n->admin_lfd = n->peer_lfd = n->lock_fd = n->evfd = n->epfd = -1;
 	n->spare_fd = -1;
@@ -348,13 +349,13 @@ kvp_node_init(struct kvp_node *n, const struct kvp_config *cfg,
 	for (unsigned i = 0; i < nworkers; i++) {
 		struct kvp_worker *w = &n->workers[i];
 
-		rc = kvp_worker_init(w, i, &n->cfg, &n->regions, tops, n->msg_pool);
+		rc = kvp_worker_init(w, i, &n->cfg, &n->regions, n->msg_pool);
 		if (rc == 0) {
 			w->main_evfd = n->evfd;
-			rc = tops->create(w, &w->tctx);
+			rc = kvp_worker_transports(w, tps, ntps);
 		}
 		if (rc < 0) {
-			snprintf(err, errlen, "worker %u (%s transport): %s", i, tops->name,
+			snprintf(err, errlen, "worker %u (%s transport): %s", i, tps[w->ntp]->name,
 				 strerror(-rc));
 			n->nworkers = i + 1;
 			goto err;
@@ -532,11 +533,8 @@ kvp_node_fini(struct kvp_node *n)
 			free(c->chan);
 		}
 	}
-	for (unsigned i = 0; i < n->nworkers; i++) {
-		if (n->workers[i].tctx)
-			n->tops->destroy(n->workers[i].tctx);
-		kvp_worker_fini(&n->workers[i]);
-	}
+	for (unsigned i = 0; i < n->nworkers; i++)
+		kvp_worker_fini(&n->workers[i]); /* its transports too */
 	free(n->workers);
 	n->workers = NULL;
 	if (n->client_lfd >= 0) {

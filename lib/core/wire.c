@@ -38,6 +38,7 @@ kvp_wire_check(const struct kvp_wire_hdr *h, uint32_t frame_max)
 	case KVP_W_RDMA_REQ:
 	case KVP_W_RDMA_RESET:
 	case KVP_W_RDMA_REVOKE:
+	case KVP_W_UNSUPPORTED:
 	case KVP_W_END:
 	case KVP_W_ACK:
 	case KVP_W_ABORT:

@@ -17,7 +17,7 @@
 #include <rte_mempool.h>
 #include <rte_ring.h>
 
-#include "kvp_core.h"
+#include "kvp_transport.h"
 #include "worker_priv.h"
 
 #define TIMER_PERIOD_NS 1000000ull /* deadline scan: 1 ms */
@@ -25,8 +25,7 @@
 
 int
 kvp_worker_init(struct kvp_worker *w, unsigned idx, const struct kvp_config *cfg,
-		struct kvp_region_table *regions, const struct kvp_transport_ops *tops,
-		struct rte_mempool *msg_pool)
+		struct kvp_region_table *regions, struct rte_mempool *msg_pool)
 {
 	char name[RTE_RING_NAMESIZE];
 	int socket = rte_socket_id();
@@ -35,7 +34,7 @@ kvp_worker_init(struct kvp_worker *w, unsigned idx, const struct kvp_config *cfg
 	w->idx = idx;
 	w->cfg = cfg;
 	w->regions = regions;
-	w->tops = tops;
+	w->conn_tp = w->pchan_tp = -1;
 	w->msg_pool = msg_pool;
 	w->evfd = -1;
 	w->main_evfd = -1;
@@ -85,6 +84,7 @@ err_free:
 void
 kvp_worker_fini(struct kvp_worker *w)
 {
+	route_destroy(w);
 	if (w->evfd >= 0)
 		close(w->evfd);
 	w->evfd = -1;
@@ -482,8 +482,7 @@ kvp_worker_inbox(struct kvp_worker *w)
 			chan_del(w, m->chan);
 			break;
 		case KVP_MSG_CONN_ADD:
-			rc = w->tops->attach(w->tctx, m->peer, m->link, m->fd, m->outgoing,
-					     m->epoch);
+			rc = route_attach(w, m->peer, m->link, m->fd, m->outgoing, m->epoch);
 			if (rc < 0) {
 				close(m->fd);
 				send_main(w, KVP_MSG_CONN_DOWN, m->peer, m->link, m->outgoing, NULL,
@@ -612,7 +611,7 @@ cancel_user(struct kvp_worker *w, struct kvp_chan *ch, uint64_t user_id)
 		struct kvp_xfer *x = &w->xfers[i];
 
 		if (x->state == KVP_XS_ACTIVE && x->chan == ch && x->user_id == user_id) {
-			w->tops->cancel(w->tctx, x, KVP_ECANCELED);
+			route_cancel(w, x, KVP_ECANCELED);
 			return;
 		}
 	}
@@ -770,7 +769,7 @@ poll_chan(struct kvp_worker *w, struct kvp_chan *ch, uint64_t now)
 			continue;
 		}
 		/* The transport stamps ADMIT, FIRST, POSTED and ACKED as it gets there. */
-		if (w->tops->post(w->tctx, x) < 0)
+		if (route_post(w, x) < 0)
 			fail_now(w, x, KVP_EPEER);
 	}
 	if (n < 0)
@@ -841,7 +840,7 @@ kvp_worker_timers(struct kvp_worker *w, uint64_t now)
 		struct kvp_xfer *x = &w->xfers[i];
 
 		if (x->state == KVP_XS_ACTIVE && now >= x->deadline_ns && x->status == KVP_OK) {
-			w->tops->cancel(w->tctx, x, KVP_ETIMEDOUT);
+			route_cancel(w, x, KVP_ETIMEDOUT);
 			work++;
 		}
 	}

@@ -1,9 +1,11 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
  * The RDMA transport: per-worker instance, completion queues and the poll
- * loop. It owns a TCP transport instance, which carries the control frames
- * (QP exchange, grants, acknowledgements, liveness) and every transfer that
- * cannot go by RDMA; see kvp_gdr.h for the protocol.
+ * loop. Its control frames (QP exchange, grants, acknowledgements) travel
+ * on the peer control channel another transport provides (kvp_pchan_*),
+ * which also tells it when a peer's connection comes and goes; a transfer
+ * it cannot move is refused or handed over (kvp_worker_handover()) to the
+ * next transport. See kvp_gdr.h for the protocol.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -16,7 +18,6 @@
 #include <rte_lcore.h>
 #include <rte_malloc.h>
 
-#include "kvp_tcp_stage.h"
 #include "rdma_priv.h"
 
 static const char *
@@ -68,8 +69,6 @@ rdma_destroy(void *tctx)
 		close(c->epfd);
 	if (c->evfd >= 0)
 		close(c->evfd);
-	if (c->tcp)
-		kvp_tcp_stage_ops.destroy(c->tcp);
 	rte_free(c->peers);
 	rte_free(c->txs);
 	rte_free(c);
@@ -141,7 +140,7 @@ static int rdma_on_frame(void *arg, uint16_t peer, bool outgoing, const struct k
 static void rdma_on_conn(void *arg, uint16_t peer, bool outgoing, bool up);
 
 static int
-rdma_create(struct kvp_worker *w, void **tctx)
+rdma_create(struct kvp_worker *w, unsigned idx, void **tctx)
 {
 	const struct kvp_config *cfg = w->cfg;
 	int socket = rte_socket_id();
@@ -153,8 +152,9 @@ rdma_create(struct kvp_worker *w, void **tctx)
 	c = rte_zmalloc_socket("kvp_rdma", sizeof(*c), 64, socket);
 	if (!c)
 		return -ENOMEM;
-	c->epfd = c->evfd = c->tcp_fd = -1;
+	c->epfd = c->evfd = -1;
 	c->w = w;
+	c->idx = (uint8_t)idx;
 	c->npeers = cfg->npeers;
 	c->nslots = gdr.nrails * cfg->rdma_qps_per_rail;
 	c->gmask = kvp_pow2_ceil(cfg->max_inflight) - 1;
@@ -164,11 +164,10 @@ rdma_create(struct kvp_worker *w, void **tctx)
 	c->chunk = cfg->rdma_chunk;
 	c->window = cfg->rdma_window > cfg->rdma_chunk ? cfg->rdma_window : cfg->rdma_chunk;
 	c->inline_max = cfg->rdma_inline;
-	rc = kvp_tcp_stage_ops.create(w, &c->tcp);
+	rc = kvp_pchan_subscribe(w, &(struct kvp_pchan_sub){ .arg = c, .on_frame = rdma_on_frame,
+							     .on_conn = rdma_on_conn });
 	if (rc < 0)
 		goto err;
-	c->ext = (struct kvp_tcp_ext){ .arg = c, .on_frame = rdma_on_frame, .on_conn = rdma_on_conn };
-	kvp_tcp_set_ext(c->tcp, &c->ext);
 	fit_depths(c);
 	c->epfd = epoll_create1(EPOLL_CLOEXEC);
 	c->evfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -223,14 +222,6 @@ err:
 	return rc;
 }
 
-static int
-rdma_attach(void *tctx, uint16_t peer, uint8_t link, int fd, bool outgoing, uint64_t epoch)
-{
-	struct rdma_ctx *c = tctx;
-
-	return kvp_tcp_stage_ops.attach(c->tcp, peer, link, fd, outgoing, epoch);
-}
-
 /* Can x go by RDMA? Every source registered, a QP up, few enough destinations. */
 static bool
 rdma_eligible(struct rdma_ctx *c, const struct kvp_xfer *x)
@@ -251,6 +242,7 @@ rdma_eligible(struct rdma_ctx *c, const struct kvp_xfer *x)
 	return true;
 }
 
+/* -EAGAIN: not by RDMA; the next transport (TCP staging) is asked. */
 static int
 rdma_post(void *tctx, struct kvp_xfer *x)
 {
@@ -264,7 +256,7 @@ rdma_post(void *tctx, struct kvp_xfer *x)
 	}
 	if (x->peer < c->npeers && c->peers[x->peer].out_up && !c->peers[x->peer].no_rdma)
 		KVP_STAT_ADD(c->w->stats.rdma_fallbacks, 1);
-	return kvp_tcp_stage_ops.post(c->tcp, x);
+	return -EAGAIN;
 }
 
 void
@@ -362,7 +354,6 @@ rdma_progress(void *tctx)
 	int work = poll_cqs(c);
 
 	work += tx_progress(c);
-	work += kvp_tcp_stage_ops.progress(c->tcp);
 	uint64_t now = kvp_mono_ns();
 	if (now >= c->next_tick_ns) {
 		c->next_tick_ns = now + 10 * 1000000ull;
@@ -374,12 +365,7 @@ rdma_progress(void *tctx)
 static void
 rdma_cancel(void *tctx, struct kvp_xfer *x, int status)
 {
-	struct rdma_ctx *c = tctx;
-
-	if (x->t_state >= KVP_TCP_XS_EXT)
-		tx_cancel(c, x, status);
-	else
-		kvp_tcp_stage_ops.cancel(c->tcp, x, status);
+	tx_cancel(tctx, x, status);
 }
 
 /*
@@ -391,15 +377,8 @@ static int
 rdma_sleep_fd(void *tctx)
 {
 	struct rdma_ctx *c = tctx;
-	int tfd = kvp_tcp_stage_ops.sleep_fd(c->tcp);
 	uint64_t one = 1;
 
-	if (c->tcp_fd != tfd) {
-		struct epoll_event ev = { .events = EPOLLIN, .data.u32 = UINT32_MAX - 1 };
-
-		if (epoll_ctl(c->epfd, EPOLL_CTL_ADD, tfd, &ev) == 0)
-			c->tcp_fd = tfd;
-	}
 	for (unsigned d = 0; d < gdr.ndevs && c->nstash < GDR_DEVS; d++) {
 		struct rcq *q = &c->cq[d];
 
@@ -415,23 +394,31 @@ rdma_sleep_fd(void *tctx)
 	return c->epfd;
 }
 
+
 static uint32_t
 rdma_fence(void *tctx, const struct kvp_fence *f, bool force)
 {
-	struct rdma_ctx *c = tctx;
-
-	return rx_fence(c, f, force) + kvp_tcp_stage_ops.fence(c->tcp, f, force);
+	return rx_fence(tctx, f, force);
 }
 
-static void
-rdma_disconnect(void *tctx, uint16_t peer)
+/* ---- the peer control channel ---- */
+
+/* Control frames travel one way: requests to the receiver, answers back. */
+static bool
+direction_ok(bool outgoing, uint8_t type)
 {
-	struct rdma_ctx *c = tctx;
-
-	kvp_tcp_stage_ops.disconnect(c->tcp, peer);
+	switch (type) {
+	case KVP_W_RDMA_QP:
+	case KVP_W_RDMA_REQ:
+		return !outgoing;
+	case KVP_W_RDMA_QP_OK:
+	case KVP_W_RDMA_GRANT:
+	case KVP_W_RDMA_REVOKE:
+		return outgoing;
+	default:
+		return true;
+	}
 }
-
-/* ---- control frames from the TCP connections ---- */
 
 static int
 rdma_on_frame(void *arg, uint16_t peer, bool outgoing, const struct kvp_wire_hdr *h,
@@ -441,9 +428,18 @@ rdma_on_frame(void *arg, uint16_t peer, bool outgoing, const struct kvp_wire_hdr
 	struct kvp_wire_qp q;
 	struct kvp_wire_grant g;
 
-	if (peer >= c->npeers)
+	if (peer >= c->npeers || !direction_ok(outgoing, h->type))
 		return -EINVAL;
 	switch (h->type) {
+	case KVP_W_UNSUPPORTED:
+		/* The peer has nobody for our QP exchange: everything to it goes over TCP. */
+		if (h->aux != KVP_W_RDMA_QP)
+			return 0;
+		if (!c->peers[peer].no_rdma)
+			KVP_LOG(NOTICE, gdr, "peer %u has no RDMA: its transfers go over TCP", peer);
+		c->peers[peer].no_rdma = true;
+		qp_send_down(c, peer, "peer has no RDMA");
+		return 0;
 	case KVP_W_RDMA_QP:
 		memcpy(&q, payload, sizeof(q));
 		return qp_on_qp(c, peer, &q);
@@ -456,14 +452,6 @@ rdma_on_frame(void *arg, uint16_t peer, bool outgoing, const struct kvp_wire_hdr
 		memcpy(&g, payload, sizeof(g));
 		return tx_on_grant(c, peer, h, &g);
 	case KVP_W_RDMA_RESET:
-		if (h->rsvd == KVP_RESET_NO_RDMA) {
-			if (!c->peers[peer].no_rdma)
-				KVP_LOG(NOTICE, gdr, "peer %u has no RDMA: its transfers go over TCP",
-					peer);
-			c->peers[peer].no_rdma = true;
-			qp_send_down(c, peer, "peer has no RDMA");
-			return 0;
-		}
 		if (h->aux >= GDR_SLOTS)
 			return -EINVAL;
 		if (outgoing) {
@@ -518,11 +506,9 @@ const struct kvp_transport_ops kvp_rdma_ops = {
 	.caps = KVP_TCAP_HOST_MEM | KVP_TCAP_GPU_DIRECT,
 	.create = rdma_create,
 	.destroy = rdma_destroy,
-	.attach = rdma_attach,
 	.post = rdma_post,
 	.progress = rdma_progress,
 	.cancel = rdma_cancel,
 	.sleep_fd = rdma_sleep_fd,
-	.disconnect = rdma_disconnect,
 	.fence = rdma_fence,
 };

@@ -9,9 +9,8 @@
 
 #include <infiniband/verbs.h>
 
-#include "kvp_core.h"
 #include "kvp_gdr.h"
-#include "kvp_tcp_stage.h"
+#include "kvp_transport.h"
 
 #define GDR_RAILS   KVP_WIRE_RAILS_MAX
 #define GDR_DEVS    KVP_WIRE_RAILS_MAX
@@ -72,9 +71,9 @@ void gdr_mr_fini(void);
 
 /* ---- per-worker transport (rdma*.c) ---- */
 
-/* kvp_xfer.t_state of transfers on the RDMA path (>= KVP_TCP_XS_EXT). */
+/* kvp_xfer.t_state of the transfers this transport owns (kvp_xfer.tp == rdma_ctx.idx). */
 enum rdma_xstate {
-	RS_GRANT = KVP_TCP_XS_EXT, /* REQs queued; waiting for every grant */
+	RS_GRANT = 1,		   /* REQs queued; waiting for every grant */
 	RS_POST,		   /* granted; WRITEs being posted (on the peer's post list) */
 	RS_FLUSH,		   /* every WRITE posted; waiting for their completions */
 	RS_WAIT_ACK,		   /* WRITE_WITH_IMM posted; waiting for the receiver's ACK */
@@ -185,8 +184,7 @@ struct rcq {
 
 struct rdma_ctx {
 	struct kvp_worker *w;
-	void *tcp; /* the TCP instance: control channel and staging path */
-	struct kvp_tcp_ext ext;
+	uint8_t idx; /* this transport's index in the worker's list (kvp_xfer.tp) */
 	uint32_t npeers;
 	uint32_t nslots; /* send QPs per peer: rails * qps_per_rail */
 	uint32_t gmask;
@@ -199,11 +197,10 @@ struct rdma_ctx {
 	struct rpeer *peers;
 	struct txs *txs; /* by worker slot */
 	struct rcq cq[GDR_DEVS];
-	int epfd;  /* sleep: TCP ring, completion channels, stash doorbell */
+	int epfd;  /* sleep: completion channels, stash doorbell */
 	int evfd;
 	unsigned nstash;
 	bool stash_rung; /* evfd written for the stash */
-	int tcp_fd;	 /* the TCP ring's fd, once added to epfd */
 	struct ibv_wc stash[GDR_DEVS];
 	uint64_t next_tick_ns;
 };

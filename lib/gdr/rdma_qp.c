@@ -12,7 +12,6 @@
 #include <string.h>
 #include <sys/random.h>
 
-#include "kvp_tcp_stage.h"
 #include "rdma_priv.h"
 
 static uint32_t
@@ -138,7 +137,7 @@ send_frame(struct rdma_ctx *c, uint16_t peer, bool outgoing, uint8_t type, const
 	h.aux = aux;
 	h.aux2 = aux2;
 	h.rsvd = rsvd;
-	return kvp_tcp_send(c->tcp, peer, outgoing, &h, payload);
+	return kvp_pchan_send(c->w, peer, outgoing, &h, payload);
 }
 
 static void
@@ -260,7 +259,7 @@ qp_send_reset(struct rdma_ctx *c, uint16_t peer, uint32_t slot, int status, cons
 	/* Tell the sender, unless it told us (status < 0). */
 	if (status >= 0 && why &&
 	    !send_frame(c, peer, false, KVP_W_RDMA_RESET, NULL, 0, slot, gen, (uint32_t)status))
-		kvp_tcp_fail(c->tcp, peer, false, "control queue full");
+		kvp_pchan_fail(c->w, peer, false, "control queue full");
 }
 
 int

@@ -12,7 +12,6 @@
 #include <errno.h>
 #include <string.h>
 
-#include "kvp_tcp_stage.h"
 #include "rdma_priv.h"
 
 static void
@@ -102,8 +101,8 @@ rx_on_req(struct rdma_ctx *c, uint16_t peer, const struct kvp_wire_hdr *h)
 	}
 	kvp_wire_hdr_init(&a, KVP_W_RDMA_GRANT, sizeof(out), h->tag);
 	a.key = h->key;
-	if (!kvp_tcp_send(c->tcp, peer, false, &a, &out))
-		kvp_tcp_fail(c->tcp, peer, false, "control queue full");
+	if (!kvp_pchan_send(c->w, peer, false, &a, &out))
+		kvp_pchan_fail(c->w, peer, false, "control queue full");
 	return 0;
 }
 
@@ -166,8 +165,8 @@ rx_recv_wc(struct rdma_ctx *c, const struct ibv_wc *wc)
 	kvp_wire_hdr_init(&a, KVP_W_ACK, 0, g->tag);
 	a.aux = (uint64_t)status;
 	release(g);
-	if (!kvp_tcp_send(c->tcp, (uint16_t)peer, false, &a, NULL))
-		kvp_tcp_fail(c->tcp, (uint16_t)peer, false, "control queue full");
+	if (!kvp_pchan_send(c->w, (uint16_t)peer, false, &a, NULL))
+		kvp_pchan_fail(c->w, (uint16_t)peer, false, "control queue full");
 }
 
 static bool
@@ -212,7 +211,7 @@ rx_fence(struct rdma_ctx *c, const struct kvp_fence *f, bool force)
 				struct kvp_wire_hdr h;
 
 				kvp_wire_hdr_init(&h, KVP_W_RDMA_REVOKE, 0, g->tag);
-				if (kvp_tcp_send(c->tcp, p, false, &h, NULL)) {
+				if (kvp_pchan_send(c->w, p, false, &h, NULL)) {
 					g->revoked = true;
 					KVP_STAT_ADD(c->w->stats.fenced_xfers, 1);
 				}

@@ -15,7 +15,6 @@
 #include <stddef.h>
 #include <string.h>
 
-#include "kvp_tcp_stage.h"
 #include "rdma_priv.h"
 
 static void
@@ -25,7 +24,7 @@ send_abort(struct rdma_ctx *c, uint16_t peer, uint64_t tag)
 
 	kvp_wire_hdr_init(&h, KVP_W_ABORT, 0, tag);
 	/* Lost only when the queue is full; the receiver then frees the grant on reuse. */
-	kvp_tcp_send(c->tcp, peer, true, &h, NULL);
+	kvp_pchan_send(c->w, peer, true, &h, NULL);
 }
 
 static void
@@ -118,7 +117,7 @@ tx_post(struct rdma_ctx *c, struct kvp_xfer *x)
 			return -EAGAIN; /* too many destination regions: TCP takes it */
 		t->keys[t->nkeys++] = k;
 	}
-	if (kvp_tcp_room(c->tcp, x->peer, true) < t->nkeys + 1u)
+	if (kvp_pchan_room(c->w, x->peer, true) < t->nkeys + 1u)
 		return -EAGAIN;
 	for (uint8_t j = 0; j < t->nkeys; j++) {
 		struct kvp_wire_hdr h;
@@ -129,7 +128,7 @@ tx_post(struct rdma_ctx *c, struct kvp_xfer *x)
 		h.aux = x->user_id;
 		h.aux2 = x->nseg;
 		h.rsvd = t->nkeys;
-		kvp_tcp_send(c->tcp, x->peer, true, &h, NULL);
+		kvp_pchan_send(c->w, x->peer, true, &h, NULL);
 		t->reqs++;
 	}
 	t->last_slot = -1;
@@ -179,12 +178,10 @@ tx_on_grant(struct rdma_ctx *c, uint16_t peer, const struct kvp_wire_hdr *h,
 	if (x->status != KVP_OK) {
 		finish(c, x, x->status, true);
 	} else if (t->fallback) {
-		/* The receiver cannot take it by RDMA: the whole transfer goes over TCP. */
+		/* The receiver cannot take it by RDMA: the whole transfer goes by the next transport. */
 		send_abort(c, peer, h->tag);
 		KVP_STAT_ADD(c->w->stats.rdma_fallbacks, 1);
-		x->t_state = 0;
-		if (kvp_tcp_stage_ops.post(c->tcp, x) < 0)
-			kvp_worker_xfer_end(c->w, x, KVP_EPEER);
+		kvp_worker_handover(c->w, x);
 	} else {
 		x->ts[KVP_TS_ADMIT] = kvp_mono_ns();
 		x->t_state = RS_POST;
@@ -211,7 +208,7 @@ tx_on_revoke(struct rdma_ctx *c, uint16_t peer, uint64_t tag)
 {
 	struct kvp_xfer *x = kvp_worker_xfer_of(c->w, tag);
 
-	if (x && x->peer == peer && x->t_state >= KVP_TCP_XS_EXT)
+	if (x && x->peer == peer && x->tp == c->idx)
 		tx_cancel(c, x, KVP_EREMOTE);
 }
 
@@ -458,8 +455,7 @@ retire(struct rdma_ctx *c, uint16_t peer, struct sqp *q, uint32_t upto, int stat
 
 		q->tail++;
 		q->bytes_out -= rec->bytes;
-		if (x->state != KVP_XS_ACTIVE || x->gen != rec->gen || x->t_state < KVP_TCP_XS_EXT ||
-		    rec->imm)
+		if (x->state != KVP_XS_ACTIVE || x->gen != rec->gen || x->tp != c->idx || rec->imm)
 			continue;
 		c->txs[x->idx].outstanding--;
 		if (status == KVP_OK) {
@@ -537,7 +533,7 @@ tx_peer_down(struct rdma_ctx *c, uint16_t peer)
 	for (uint32_t i = 0; i < w->nxfers; i++) {
 		struct kvp_xfer *x = &w->xfers[i];
 
-		if (x->state == KVP_XS_ACTIVE && x->peer == peer && x->t_state >= KVP_TCP_XS_EXT &&
+		if (x->state == KVP_XS_ACTIVE && x->peer == peer && x->tp == c->idx &&
 		    c->txs[i].outstanding == 0)
 			finish(c, x, KVP_EPEER, false);
 	}

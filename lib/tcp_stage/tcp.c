@@ -12,7 +12,6 @@
 #include <rte_lcore.h>
 #include <rte_malloc.h>
 
-#include "kvp_tcp_stage.h"
 #include "tcp_priv.h"
 
 static void
@@ -70,7 +69,7 @@ register_fixed(struct tcp_ctx *t)
 }
 
 static int
-tcp_create(struct kvp_worker *w, void **tctx)
+tcp_create(struct kvp_worker *w, unsigned idx, void **tctx)
 {
 	const struct kvp_config *cfg = w->cfg;
 	int socket = rte_socket_id();
@@ -80,6 +79,7 @@ tcp_create(struct kvp_worker *w, void **tctx)
 	if (!t)
 		return -ENOMEM;
 	t->w = w;
+	t->idx = (uint8_t)idx;
 	t->links = cfg->tcp_conns ? cfg->tcp_conns : 1;
 	t->nconns = 2 * (cfg->npeers ? cfg->npeers : 1) * t->links;
 	t->iov_max = 2 * cfg->tcp_send_iov;
@@ -95,9 +95,8 @@ tcp_create(struct kvp_worker *w, void **tctx)
 	if (rc < 0)
 		goto err;
 	KVP_STAT_SET(w->stats.stage_bufs, t->stage.nbufs);
-	/* With RDMA these connections also carry a grant or ACK per transfer. */
-	uint32_t txq = kvp_pow2_ceil(cfg->tcp_tx_frames +
-				 (cfg->transport != KVP_TRANSPORT_TCP ? 2 * cfg->max_inflight : 0));
+	/* Room too for the peer control channel: a grant or an ACK per transfer (RDMA). */
+	uint32_t txq = kvp_pow2_ceil(cfg->tcp_tx_frames + 2 * cfg->max_inflight);
 	uint32_t rxt = kvp_pow2_ceil(cfg->max_inflight);
 	for (uint32_t i = 0; i < t->nconns; i++) {
 		struct tcp_conn *c = &t->conns[i];
@@ -164,9 +163,9 @@ tcp_attach(void *tctx, uint16_t peer, uint8_t link, int fd, bool outgoing, uint6
 	memset(c->rxt, 0, sizeof(*c->rxt) * (c->rxt_mask + 1));
 	KVP_LOG(INFO, tcp, "worker %u: %s link %u to peer %u up (epoch %016" PRIx64 ")",
 		t->w->idx, outgoing ? "outgoing" : "incoming", link, peer, epoch);
-	/* Link 0 carries the extension's control frames. */
-	if (t->ext && link == 0)
-		t->ext->on_conn(t->ext->arg, peer, outgoing, true);
+	/* Link 0 carries the peer control channel. */
+	if (link == 0)
+		kvp_pchan_conn(t->w, peer, outgoing, true);
 	return 0;
 }
 
@@ -222,13 +221,12 @@ conn_finish_close(struct tcp_ctx *t, struct tcp_conn *c)
 	tcp_tx_reset(t, c);
 	tcp_rx_reset(t, c);
 	if (c->outgoing) {
-		/* Its transfers, and on link 0 the extension's (their control channel). */
+		/* Its transfers; the channel's subscriber ends its own (told by kvp_pchan_conn()). */
 		for (uint32_t i = 0; i < w->nxfers; i++) {
 			struct kvp_xfer *x = &w->xfers[i];
-			bool ext = x->t_state >= KVP_TCP_XS_EXT;
 
-			if (x->state == KVP_XS_ACTIVE && x->peer == c->peer &&
-			    (ext ? c->link == 0 : x->t_conn == c->id))
+			if (x->state == KVP_XS_ACTIVE && x->tp == t->idx && x->peer == c->peer &&
+			    x->t_conn == c->id)
 				kvp_worker_xfer_end(w, x, KVP_EPEER);
 		}
 	}
@@ -248,8 +246,8 @@ tcp_conn_fail(struct tcp_ctx *t, struct tcp_conn *c, const char *why)
 	/* Makes the in-flight send and recv return so the slot can drain. */
 	shutdown(c->fd, SHUT_RDWR);
 	kvp_worker_conn_down(t->w, c->peer, c->link, c->outgoing, why);
-	if (t->ext && c->link == 0)
-		t->ext->on_conn(t->ext->arg, c->peer, c->outgoing, false);
+	if (c->link == 0)
+		kvp_pchan_conn(t->w, c->peer, c->outgoing, false);
 	if (c->ops == 0)
 		conn_finish_close(t, c);
 }
@@ -404,13 +402,7 @@ tcp_fence(void *tctx, const struct kvp_fence *f, bool force)
 	return tcp_rx_fence(tctx, f, force);
 }
 
-void
-kvp_tcp_set_ext(void *tctx, const struct kvp_tcp_ext *ext)
-{
-	((struct tcp_ctx *)tctx)->ext = ext;
-}
-
-/* The extension's channel: link 0. */
+/* The peer control channel: link 0. */
 static struct tcp_conn *
 conn_of(struct tcp_ctx *t, uint16_t peer, bool outgoing)
 {
@@ -419,33 +411,39 @@ conn_of(struct tcp_ctx *t, uint16_t peer, bool outgoing)
 	return id < t->nconns ? &t->conns[id] : NULL;
 }
 
-bool
-kvp_tcp_send(void *tctx, uint16_t peer, bool outgoing, const struct kvp_wire_hdr *h,
-	     const void *payload)
+static bool
+pchan_send(void *tctx, uint16_t peer, bool outgoing, const struct kvp_wire_hdr *h,
+	   const void *payload)
 {
 	struct tcp_conn *c = conn_of(tctx, peer, outgoing);
 
-	if (!c || h->len > KVP_TCP_EXT_PAYLOAD)
+	if (!c || h->len > KVP_PCHAN_PAYLOAD)
 		return false;
 	return tcp_queue_frame(c, h, payload);
 }
 
-uint32_t
-kvp_tcp_room(void *tctx, uint16_t peer, bool outgoing)
+static uint32_t
+pchan_room(void *tctx, uint16_t peer, bool outgoing)
 {
 	struct tcp_conn *c = conn_of(tctx, peer, outgoing);
 
 	return c && c->state == CONN_UP ? txq_room(c) : 0;
 }
 
-void
-kvp_tcp_fail(void *tctx, uint16_t peer, bool outgoing, const char *why)
+static void
+pchan_fail(void *tctx, uint16_t peer, bool outgoing, const char *why)
 {
 	struct tcp_conn *c = conn_of(tctx, peer, outgoing);
 
 	if (c)
 		tcp_conn_fail(tctx, c, why);
 }
+
+static const struct kvp_pchan_ops tcp_pchan = {
+	.send = pchan_send,
+	.room = pchan_room,
+	.fail = pchan_fail,
+};
 
 const struct kvp_transport_ops kvp_tcp_stage_ops = {
 	.name = "tcp",
@@ -459,4 +457,5 @@ const struct kvp_transport_ops kvp_tcp_stage_ops = {
 	.sleep_fd = tcp_sleep_fd,
 	.disconnect = tcp_disconnect,
 	.fence = tcp_fence,
+	.pchan = &tcp_pchan,
 };

@@ -11,8 +11,8 @@
 
 #include <liburing.h>
 
-#include "kvp_core.h"
 #include "kvp_tcp_stage.h"
+#include "kvp_transport.h"
 
 /* Payloads at least this large skip the staging buffer and land by direct recv. */
 #define DIRECT_RECV_MIN (64u << 10)
@@ -57,7 +57,7 @@ struct tx_frame {
 	uint32_t nblk;
 	uint32_t blk;
 	uint64_t sstride;
-	alignas(8) uint8_t inl[KVP_TCP_EXT_PAYLOAD]; /* payload of extension frames */
+	alignas(8) uint8_t inl[KVP_PCHAN_PAYLOAD]; /* payload of peer control frames */
 };
 
 /* Frames that carry transfer payload. */
@@ -179,7 +179,7 @@ struct tcp_ctx {
 	bool copies;	    /* staging copies started in this fill pass (to_host_async) */
 	bool copy_failed;   /* a staging copy of this fill pass failed */
 	uint64_t peer_ns; /* silence (or a stuck send) longer than this kills a connection */
-	const struct kvp_tcp_ext *ext; /* RDMA control on these connections, or NULL */
+	uint8_t idx; /* this transport's index in the worker's list (kvp_xfer.tp) */
 };
 
 static inline struct io_uring_sqe *

@@ -312,14 +312,38 @@ on_end(struct tcp_ctx *t, struct tcp_conn *c, const struct kvp_wire_hdr *h)
 	tcp_queue_ctrl(c, KVP_W_ACK, h->tag, (uint64_t)status);
 }
 
+/*
+ * A frame for the peer control channel: a control frame (checked, payload
+ * whole), the ACK of a transfer another transport owns, an ABORT. Without
+ * a subscriber a control frame is answered UNSUPPORTED (never one itself).
+ * @return false if the connection failed
+ */
+static bool
+ctl_frame(struct tcp_ctx *t, struct tcp_conn *c, const struct kvp_wire_hdr *h, const void *payload)
+{
+	struct kvp_peer_stats *ps = &t->w->stats.peer[c->peer];
+	int rc = kvp_pchan_deliver(t->w, c->peer, c->outgoing, h, payload);
+
+	if (rc == -ENOTSUP) {
+		if (kvp_wire_is_ctl(h->type) && h->type != KVP_W_UNSUPPORTED)
+			tcp_queue_ctrl(c, KVP_W_UNSUPPORTED, 0, h->type);
+		return true;
+	}
+	if (rc < 0) {
+		KVP_STAT_ADD(ps->bad_frames, 1);
+		tcp_conn_fail(t, c, "bad peer control frame");
+		return false;
+	}
+	return true;
+}
+
 static void
 on_ack(struct tcp_ctx *t, struct tcp_conn *c, const struct kvp_wire_hdr *h)
 {
 	struct kvp_xfer *x = kvp_worker_xfer_of(t->w, h->tag);
 
-	if (x && x->t_state >= KVP_TCP_XS_EXT) {
-		if (t->ext->on_frame(t->ext->arg, c->peer, c->outgoing, h, NULL) < 0)
-			tcp_conn_fail(t, c, "unexpected acknowledgement");
+	if (x && x->tp != t->idx) {
+		ctl_frame(t, c, h, NULL); /* another transport's transfer */
 		return;
 	}
 	/*
@@ -341,45 +365,6 @@ on_ack(struct tcp_ctx *t, struct tcp_conn *c, const struct kvp_wire_hdr *h)
 	kvp_worker_xfer_end(t->w, x, h->aux == KVP_OK ? KVP_OK : KVP_EREMOTE);
 }
 
-/* Hand a checked frame to the extension; a frame it rejects fails the connection. */
-static bool
-ext_dispatch(struct tcp_ctx *t, struct tcp_conn *c, const struct kvp_wire_hdr *h,
-	     const void *payload)
-{
-	struct kvp_peer_stats *ps = &t->w->stats.peer[c->peer];
-
-	KVP_STAT_ADD(ps->rx_frames, 1);
-	if (t->ext->on_frame(t->ext->arg, c->peer, c->outgoing, h, payload) < 0) {
-		KVP_STAT_ADD(ps->bad_frames, 1);
-		tcp_conn_fail(t, c, "bad RDMA control frame");
-		return false;
-	}
-	return true;
-}
-
-/* Extension frames travel one way: requests to the receiver, answers back. */
-static bool
-ext_direction_ok(const struct tcp_conn *c, uint8_t type)
-{
-	switch (type) {
-	case KVP_W_RDMA_QP:
-	case KVP_W_RDMA_REQ:
-		return !c->outgoing;
-	case KVP_W_RDMA_QP_OK:
-	case KVP_W_RDMA_GRANT:
-	case KVP_W_RDMA_REVOKE:
-		return c->outgoing;
-	default:
-		return true;
-	}
-}
-
-static bool
-is_ext(uint8_t type)
-{
-	return kvp_wire_is_rdma(type);
-}
-
 /* Check a header against the wire rules and this connection's direction; fails it if bad. */
 static bool
 hdr_ok(struct tcp_ctx *t, struct tcp_conn *c, const struct kvp_wire_hdr *h)
@@ -387,9 +372,9 @@ hdr_ok(struct tcp_ctx *t, struct tcp_conn *c, const struct kvp_wire_hdr *h)
 	struct kvp_peer_stats *ps = &t->w->stats.peer[c->peer];
 	int rc = kvp_wire_check(h, t->frame_max);
 
+	/* Control frames travel on link 0 only (they follow each other in order). */
 	if (rc < 0 || h->type == KVP_W_HELLO || (h->type == KVP_W_ACK && !c->outgoing) ||
-	    (is_data(h->type) && c->outgoing) ||
-	    (is_ext(h->type) && (!t->ext || c->link != 0 || !ext_direction_ok(c, h->type)))) {
+	    (is_data(h->type) && c->outgoing) || (kvp_wire_is_ctl(h->type) && c->link != 0)) {
 		KVP_STAT_ADD(ps->bad_frames, 1);
 		tcp_conn_fail(t, c, rc < 0 ? "malformed frame" : "unexpected frame type");
 		return false;
@@ -416,8 +401,6 @@ on_header(struct tcp_ctx *t, struct tcp_conn *c, const struct kvp_wire_hdr *h)
 		KVP_STAT_ADD(ps->rx_frames, 1);
 		return true;
 	}
-	if (is_ext(h->type)) /* header-only (payload types with len 0 failed the check) */
-		return ext_dispatch(t, c, h, NULL);
 	KVP_STAT_ADD(ps->rx_frames, 1);
 	switch (h->type) {
 	case KVP_W_END:
@@ -432,9 +415,7 @@ on_header(struct tcp_ctx *t, struct tcp_conn *c, const struct kvp_wire_hdr *h)
 		/* Every earlier byte of the tag has been handled: the sender may complete. */
 		if (h->rsvd & KVP_ABORT_F_ACK)
 			tcp_queue_ctrl(c, KVP_W_ACK, h->tag, KVP_ECANCELED);
-		if (t->ext)
-			t->ext->on_frame(t->ext->arg, c->peer, c->outgoing, h, NULL);
-		break;
+		return c->link != 0 || ctl_frame(t, c, h, NULL); /* e.g. an RDMA grant to free */
 	case KVP_W_PING:
 		tcp_queue_ctrl(c, KVP_W_PONG, h->tag, 0);
 		break;
@@ -460,26 +441,17 @@ tcp_process_rx(struct tcp_ctx *t, struct tcp_conn *c)
 			if (avail < sizeof(h))
 				return work;
 			memcpy(&h, c->rxbuf + c->rx_start, sizeof(h));
-			if (h.type == KVP_W_RDMA_QP && !t->ext && !c->outgoing &&
-			    kvp_wire_check(&h, t->frame_max) == 0) {
-				/* A peer with RDMA: tell it this node moves everything over TCP. */
+			if (kvp_wire_is_ctl(h.type) && h.len <= KVP_PCHAN_PAYLOAD) {
+				/*
+				 * Small fixed payload: handled whole, from the buffer,
+				 * with room kept for an answer (UNSUPPORTED).
+				 */
 				if (avail < sizeof(h) + h.len || txq_room(c) == 0)
 					return work;
-				struct kvp_wire_hdr r;
-
-				kvp_wire_hdr_init(&r, KVP_W_RDMA_RESET, 0, 0);
-				r.rsvd = KVP_RESET_NO_RDMA;
-				tcp_queue_frame(c, &r, NULL);
-				c->rx_start += sizeof(h) + h.len;
-				work++;
-				break;
-			}
-			if (is_ext(h.type) && h.len > 0 && h.len <= KVP_TCP_EXT_PAYLOAD) {
-				/* Small fixed payload: handled whole, from the buffer. */
-				if (avail < sizeof(h) + h.len)
+				if (!hdr_ok(t, c, &h))
 					return work;
-				if (!hdr_ok(t, c, &h) ||
-				    !ext_dispatch(t, c, &h, c->rxbuf + c->rx_start + sizeof(h)))
+				KVP_STAT_ADD(t->w->stats.peer[c->peer].rx_frames, 1);
+				if (!ctl_frame(t, c, &h, h.len ? c->rxbuf + c->rx_start + sizeof(h) : NULL))
 					return work;
 				c->rx_start += sizeof(h) + h.len;
 				work++;

@@ -28,6 +28,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import unittest
 from pathlib import Path
@@ -125,9 +126,11 @@ class Pair:
             pk.fill(src, seed + r)
 
     def close(self) -> None:
-        for e in (self.de, self.pe):
-            if e is not None:
-                e.close()
+        threads = [threading.Thread(target=e.close) for e in (self.de, self.pe) if e is not None]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
         for k in self.pkv + self.dkv:
             k.close()
 
@@ -339,21 +342,24 @@ class FailureTest(unittest.TestCase):
         self.assertFalse(pair.pe.sched.has_pending_push_work())
 
     def test_tp_mismatch_refused_per_request(self) -> None:
-        """A prefill instance of another TP size: the decode side prefills locally
-        (no async load) and releases the prefill side's blocks."""
-        pkv = [vh.HostKV() for _ in range(2)]
-        dkv = vh.HostKV()
-        self.addCleanup(lambda: [k.close() for k in pkv + [dkv]])
-        pe = vh.Engine("kv_both", [sock("prefill0")] * 2, [k.tensors for k in pkv], 64)
+        """A prefill instance whose TP size and the decode side's do not divide
+        one another (3 and 2): the decode side prefills locally (no async load)
+        and releases every prefill rank's blocks."""
+        pkv = [vh.HostKV() for _ in range(3)]
+        dkv = [vh.HostKV() for _ in range(2)]
+        self.addCleanup(lambda: [k.close() for k in pkv + dkv])
+        pe = vh.Engine("kv_both", [sock("prefill0")] * 3, [k.tensors for k in pkv], 64)
         self.addCleanup(pe.close)
-        de = vh.Engine("kv_both", [sock("decode0")], [dkv.tensors], 64)
+        de = vh.Engine("kv_both", [sock("decode0")] * 2, [k.tensors for k in dkv], 64)
         self.addCleanup(de.close)
         r = rid()
         _, params = pe.prefill(r, [1, 2])
         d = rid("dec")
         _, n, is_async = de.decode(d, params, [3, 4])
         self.assertEqual((n, is_async), (0, False))
-        vh.run_until([pe, de], lambda: r in pe.sent, 10.0, "release after TP mismatch")
+        secs = vh.run_until([pe, de], lambda: r in pe.sent, 10.0, "release after TP mismatch")
+        self.assertLess(secs, 3.0, "released by the lease, not by the decode side")
+        self.assertEqual(pe.stats.data["lease_expired"], 0)
 
     def test_prefill_killed_mid_transfer(self) -> None:
         """The prefill instance dies with transfers in flight: the decode side

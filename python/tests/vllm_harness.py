@@ -30,6 +30,7 @@ import ctypes
 import enum
 import json
 import random
+import threading
 import time
 from types import SimpleNamespace
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
@@ -102,22 +103,31 @@ class HostKV:
     ``layout``: ``flash`` ([2, blocks, block_size, heads, dim] per layer, K
     and V planes), ``flashinfer`` ([blocks, 2, block_size, heads, dim], one
     plane), ``mla`` ([blocks, block_size, dim], one plane). ``kernel_block``
-    below ``block_size`` makes the tensors count kernel blocks. ``planes``
-    lists ``(ptr, stride)`` of every plane, computed here independently of
-    the connector.
+    below ``block_size`` makes the tensors count kernel blocks. ``hnd``
+    keeps the logical shape but lays heads out before tokens in memory (as
+    vLLM permutes the strides). ``planes`` lists ``(ptr, stride)`` of every
+    plane, computed here independently of the connector.
     """
 
     def __init__(self, layers: int = 4, num_blocks: int = 64, block_size: int = 16, heads: int = 2,
                  head_dim: int = 32, es: int = 2, layout: str = "flash", kernel_block: Optional[int] = None,
-                 prefix: str = "model.layers") -> None:
+                 prefix: str = "model.layers", hnd: bool = False) -> None:
         kb = kernel_block or block_size
         r = block_size // kb
         nk = num_blocks * r
         self.num_blocks, self.block_size = num_blocks, block_size
+        self.layout, self.kb, self.r, self.heads, self.head_dim, self.es, self.hnd = \
+            layout, kb, r, heads, head_dim, es, hnd
+        self.kvparts = 2 if layout == "flashinfer" else 1
+        strides: Optional[Tuple[int, ...]] = None
         if layout == "flash":
             shape, nplanes, blk = (2, nk, kb, heads, head_dim), 2, kb * heads * head_dim
+            if hnd:  # memory order [2, blocks, heads, tokens, dim]
+                strides = (nk * blk, blk, head_dim, kb * head_dim, 1)
         elif layout == "flashinfer":
             shape, nplanes, blk = (nk, 2, kb, heads, head_dim), 1, 2 * kb * heads * head_dim
+            if hnd:  # memory order [blocks, 2, heads, tokens, dim]
+                strides = (blk, blk // 2, head_dim, kb * head_dim, 1)
         elif layout == "mla":
             shape, nplanes, blk = (nk, kb, head_dim), 1, kb * head_dim
         else:
@@ -131,7 +141,7 @@ class HostKV:
         self.planes: List[Tuple[int, int]] = []
         for lyr in range(layers):
             lbase = base + lyr * per_layer
-            self.tensors[f"{prefix}.{lyr}.self_attn.attn"] = FakeTensor(lbase, shape, es)
+            self.tensors[f"{prefix}.{lyr}.self_attn.attn"] = FakeTensor(lbase, shape, es, strides)
             for p in range(nplanes):
                 self.planes.append((lbase + p * nk * blk * es, r * blk * es))
         self.block_bytes = sum(st for _p, st in self.planes)
@@ -146,11 +156,41 @@ class HostKV:
                 data = pattern(seed, p, b, st)
                 ctypes.memmove(ptr + b * st, data, st)
 
+    def shard(self, seed: int, plane: int, block: int, kv_heads: int, lo: int, hi: int) -> bytes:
+        """Heads ``[lo, hi)`` of the model's block ``block`` of ``plane`` (the
+        bytes of :func:`global_block`), laid out as this cache holds a block."""
+        row = self.head_dim * self.es
+        g = global_block(seed, plane, block, self.kvparts, self.block_size, kv_heads, row)
+        out = []
+        for kk in range(self.r):
+            for kv in range(self.kvparts):
+                toks = range(kk * self.kb, (kk + 1) * self.kb)
+                order = [(t, h) for h in range(lo, hi) for t in toks] if self.hnd else \
+                    [(t, h) for t in toks for h in range(lo, hi)]
+                for t, h in order:
+                    at = ((kv * self.block_size + t) * kv_heads + h) * row
+                    out.append(g[at:at + row])
+        return b"".join(out)
+
+    def fill_shard(self, blocks: Iterable[int], seed: int, kv_heads: int, lo: int, hi: int) -> None:
+        """Fill ``blocks`` with this rank's heads ``[lo, hi)`` of the model's KV."""
+        for b in blocks:
+            for p, (ptr, st) in enumerate(self.planes):
+                data = self.shard(seed, p, b, kv_heads, lo, hi)
+                assert len(data) == st
+                ctypes.memmove(ptr + b * st, data, st)
+
     def zero(self) -> None:
         ctypes.memset(addr_of(self.buf), 0, len(self.buf))
 
     def close(self) -> None:
         self.buf.close()
+
+
+def global_block(seed: int, plane: int, block: int, kvparts: int, tokens: int, kv_heads: int, row: int) -> bytes:
+    """The model's (all heads') bytes of one block of one plane, as
+    ``[kvparts][tokens][kv_heads][row bytes]``; every rank's shard is cut from it."""
+    return random.Random(f"g{seed}:{plane}:{block}").randbytes(kvparts * tokens * kv_heads * row)
 
 
 def pattern(seed: int, plane: int, block: int, n: int) -> bytes:
@@ -159,7 +199,8 @@ def pattern(seed: int, plane: int, block: int, n: int) -> bytes:
 
 
 def make_vllm_config(role: str, sock: str, tp: int = 1, block_size: int = 16, num_blocks: int = 64,
-                     extra: Optional[Dict[str, Any]] = None, **parallel: Any) -> SimpleNamespace:
+                     extra: Optional[Dict[str, Any]] = None, kv_heads: Optional[int] = None, mla: bool = False,
+                     **parallel: Any) -> SimpleNamespace:
     cfg = {"kvproxy_socket": sock, "kvproxy_bootstrap_host": "127.0.0.1"}
     cfg.update(extra or {})
     kvt = SimpleNamespace(kv_connector="KvproxyConnector", kv_connector_module_path="kvproxy.vllm",
@@ -170,9 +211,12 @@ def make_vllm_config(role: str, sock: str, tp: int = 1, block_size: int = 16, nu
                          data_parallel_rank=0, decode_context_parallel_size=1, prefill_context_parallel_size=1)
     for k, v in parallel.items():
         setattr(pc, k, v)
+    model = SimpleNamespace(use_mla=mla)
+    if kv_heads is not None:  # vLLM's ModelConfig.get_total_num_kv_heads
+        model.get_total_num_kv_heads = lambda: kv_heads
     return SimpleNamespace(kv_transfer_config=kvt, parallel_config=pc,
                            cache_config=SimpleNamespace(block_size=block_size, num_gpu_blocks=num_blocks),
-                           model_config=SimpleNamespace(use_mla=False))
+                           model_config=model)
 
 
 def make_kv_cache_config(num_blocks: int, layers: Sequence[str], spec: Any = None) -> SimpleNamespace:
@@ -203,24 +247,37 @@ class Request:
 
 
 class Engine:
-    """One vLLM instance: a scheduler-side connector and one worker-side connector per TP rank."""
+    """One vLLM instance: a scheduler-side connector and one worker-side connector per TP rank.
+
+    ``tp`` (default: one rank per KV cache) with ``ranks`` (default: all)
+    runs only some of the instance's workers here, e.g. when another
+    process runs the others; then a request counts as sent or received
+    once the local workers reported it. ``on_meta`` sees every step's
+    connector metadata (to hand it to such a process).
+    """
 
     def __init__(self, role: str, socks: Sequence[str], kv_caches: Sequence[Dict[str, Any]],
-                 num_blocks: int, block_size: int = 16, extra: Optional[Dict[str, Any]] = None) -> None:
-        tp = len(kv_caches)
-        self.tp, self.block_size = tp, block_size
+                 num_blocks: int, block_size: int = 16, extra: Optional[Dict[str, Any]] = None,
+                 kv_heads: Optional[int] = None, mla: bool = False, tp: Optional[int] = None,
+                 ranks: Optional[Sequence[int]] = None, scheduler: bool = True,
+                 on_meta: Optional[Callable[[Any], None]] = None) -> None:
+        tp = tp or len(kv_caches)
+        ranks = list(ranks if ranks is not None else range(tp))
+        self.tp, self.block_size, self.on_meta = tp, block_size, on_meta
         layers = list(kv_caches[0])
         self.kvcc = make_kv_cache_config(num_blocks, layers)
-        self.sched = KvproxyConnector(make_vllm_config(role, socks[0], tp, block_size, num_blocks, extra),
-                                      Role.SCHEDULER, self.kvcc)
+        self.sched: Optional[KvproxyConnector] = None
         self.workers: List[KvproxyConnector] = []
         try:
-            for r in range(tp):
+            if scheduler:
+                self.sched = KvproxyConnector(make_vllm_config(role, socks[0], tp, block_size, num_blocks, extra,
+                                                               kv_heads, mla), Role.SCHEDULER, self.kvcc)
+            for i, r in enumerate(ranks):
                 e = dict(extra or {}, kvproxy_tp_rank=r)
-                w = KvproxyConnector(make_vllm_config(role, socks[r], tp, block_size, num_blocks, e),
+                w = KvproxyConnector(make_vllm_config(role, socks[i], tp, block_size, num_blocks, e, kv_heads, mla),
                                      Role.WORKER, self.kvcc)
                 self.workers.append(w)
-                w.register_kv_caches(kv_caches[r])
+                w.register_kv_caches(kv_caches[i])
         except BaseException:
             self.close()
             raise
@@ -236,7 +293,9 @@ class Engine:
         """One engine step through the connector (no forward work of its own)."""
         so = SimpleNamespace(finished_req_ids=self.finished_ids, scheduled_new_reqs=[], num_scheduled_tokens={})
         self.finished_ids = set()
-        meta = self.sched.build_connector_meta(so)
+        meta = self.sched.build_connector_meta(so) if self.sched is not None else self.next_meta()
+        if self.on_meta is not None:
+            self.on_meta(meta)
         fin_s: Set[str] = set()
         fin_r: Set[str] = set()
         invalid: Set[int] = set()
@@ -253,12 +312,13 @@ class Engine:
             for kind, ids, out in (("s", s, fin_s), ("r", r, fin_r)):
                 for x in ids or ():
                     self._counts[kind][x] += 1
-                    if self._counts[kind][x] == self.tp:
+                    if self._counts[kind][x] == len(self.workers):
                         del self._counts[kind][x]
                         out.add(x)
         out = SimpleNamespace(finished_sending=fin_s or None, finished_recving=fin_r or None,
                               invalid_block_ids=invalid, kv_connector_stats=None)
-        self.sched.update_connector_output(out)
+        if self.sched is not None:
+            self.sched.update_connector_output(out)
         self.sent |= fin_s
         self.received |= fin_r
         self.errors |= invalid
@@ -296,10 +356,20 @@ class Engine:
         self.finished_ids.add(req.request_id)
         return self.sched.request_finished_all_groups(req, (list(blocks),))
 
+    def next_meta(self) -> Any:
+        """The metadata of a step without a local scheduler (a worker-only process): empty."""
+        from kvproxy.vllm import KvproxyConnectorMetadata
+
+        return KvproxyConnectorMetadata()
+
     def close(self) -> None:
-        for w in self.workers:
-            w.shutdown()
-        self.sched.shutdown()
+        # In parallel: each shutdown waits for its threads' polls (up to half a second).
+        conns = self.workers + ([self.sched] if self.sched is not None else [])
+        threads = [threading.Thread(target=c.shutdown) for c in conns]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
 
 
 def run_until(engines: Sequence[Engine], done: Callable[[], bool], timeout: float, what: str = "") -> float:

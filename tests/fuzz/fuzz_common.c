@@ -134,7 +134,7 @@ fuzz_node_init(struct kvp_node *n, struct kvp_config *cfg, const struct kvp_tran
 	atexit(rm_tmpdir);
 	snprintf(cfg->client_socket, sizeof(cfg->client_socket), "%s/client.sock", tmpdir);
 	snprintf(cfg->admin_socket, sizeof(cfg->admin_socket), "%s/admin.sock", tmpdir);
-	if (kvp_node_init(n, cfg, tops, 1, err, sizeof(err)) < 0) {
+	if (kvp_node_init(n, cfg, &tops, 1, 1, err, sizeof(err)) < 0) {
 		fprintf(stderr, "fuzz: kvp_node_init: %s\n", err);
 		abort();
 	}
@@ -143,8 +143,9 @@ fuzz_node_init(struct kvp_node *n, struct kvp_config *cfg, const struct kvp_tran
 /* ---- the stub transport: tctx is the worker itself ---- */
 
 static int
-stub_create(struct kvp_worker *wk, void **tctx)
+stub_create(struct kvp_worker *wk, unsigned idx, void **tctx)
 {
+	(void)idx;
 	*tctx = wk;
 	return 0;
 }

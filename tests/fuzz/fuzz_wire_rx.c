@@ -83,7 +83,7 @@ LLVMFuzzerInitialize(int *argc, char ***argv)
 	cfg.peer_timeout_ms = 60000; /* no heartbeat failures within an input */
 	fuzz_node_init(&node, &cfg, &kvp_tcp_stage_ops);
 	w = &node.workers[0];
-	tc = w->tctx;
+	tc = w->tp[0].tctx;
 	fuzz_client_open(&node, &cl, 1 << 16);
 	for (int r = 0; r < 2; r++) {
 		int fd = memfd_create("fuzz-rx-region", MFD_CLOEXEC | MFD_ALLOW_SEALING);
@@ -121,7 +121,7 @@ settle(struct tcp_conn *c, int remote, int rounds)
 	int idle = 0;
 
 	for (int i = 0; i < rounds && idle < 4; i++) {
-		int work = kvp_worker_poll_chans(w) + w->tops->progress(w->tctx);
+		int work = kvp_worker_poll_chans(w) + kvp_worker_progress(w);
 
 		discard(remote);
 		if (c->state == CONN_FREE)
@@ -207,7 +207,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	FUZZ_ASSERT(c->state == CONN_FREE, "connection slot still busy from the last input");
 	FUZZ_ASSERT(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp) == 0, "socketpair");
 	/* What the worker does with a CONN_ADD from the handshake. */
-	FUZZ_ASSERT(w->tops->attach(w->tctx, 0, 0, sp[0], outgoing, 0x5a5a5a5a5a5a5a5aull) == 0,
+	FUZZ_ASSERT(w->tp[0].ops->attach(w->tp[0].tctx, 0, 0, sp[0], outgoing, 0x5a5a5a5a5a5a5a5aull) == 0,
 		    "attach");
 	/* Every slot is free between inputs: restart generations so tags repeat (ACK tag 0). */
 	for (uint32_t i = 0; i < w->nxfers; i++)

@@ -27,13 +27,17 @@ How a request moves
 2. The decode scheduler answers ``get_num_new_matched_tokens`` with the
    prompt tokens its prefix cache lacks, loaded asynchronously: the request
    waits in ``WAITING_FOR_REMOTE_KVS``. Its blocks allocated, each decode
-   worker stores a registration in the prefill's mailbox: its kvproxyd node
-   id, region keys and offsets, block ids per KV-cache group, a 48-bit tag.
-3. The prefill worker of the same TP rank reads it, pairs its blocks with
-   the decode side's (the last ones, when the decode side's prefix cache
-   already holds the first), and submits kvproxy transfers of a fixed
-   number of block positions each, ids ``tag << 16 | n``; consecutive blocks
-   coalesce into one segment per plane (a K or V cache of one layer).
+   worker stores a registration in the prefill's mailbox for every prefill
+   rank it takes KV from (:mod:`.tp_map`: rank ``r`` with equal TP sizes):
+   its kvproxyd node id, region keys and offsets, block ids per KV-cache
+   group, a 48-bit tag.
+3. That prefill worker reads it, pairs its blocks with the decode side's
+   (the last ones, when the decode side's prefix cache already holds the
+   first), and submits kvproxy transfers of a fixed number of block
+   positions each, ids ``tag << 16 | j << shift | n``; consecutive blocks
+   coalesce into one segment per plane (a K or V cache of one layer), or,
+   with different TP sizes, one strided segment per plane carrying the
+   decode rank's KV heads (:mod:`.slicing`).
 4. kvproxyd posts a ``landed`` completion on the decode worker per whole
    transfer; when all landed, the request is reported received. The prefill
    worker reports the request sent when every ``done`` completion is in;
@@ -55,14 +59,17 @@ lease (``kvproxy_lease_s``) releases them.
 
 Supported: full-attention and MLA KV caches (FlashAttention's K/V split,
 FlashInfer's combined layout, MLA's latent cache, HND or NHD), kernel
-blocks smaller than the scheduler's, equal tensor-parallel sizes (rank
-``r`` to rank ``r``), data parallelism (each engine's own mailbox), a
-decode-side prefix cache hit, GPU memory (CUDA IPC) and memfd host memory.
-Refused at start with the reason: pipeline parallelism, context
-parallelism, hybrid models (sliding-window or mamba groups),
-``kv_buffer_device`` other than ``cuda``; refused per request (the decode
-side prefills locally and releases the prefill's blocks): a prefill
-instance of another TP size, or one that is not a kvproxy.vllm instance.
+blocks smaller than the scheduler's, tensor-parallel sizes equal or
+dividing one another (fan-out to more decode ranks, fan-in from more
+prefill ranks, MLA's replicated cache from one prefill rank per decode
+rank; ranks mapped as vLLM's NIXL connector maps them), data parallelism
+(each engine's own mailbox), a decode-side prefix cache hit, GPU memory
+(CUDA IPC) and memfd host memory. Refused at start with the reason:
+pipeline parallelism, context parallelism, hybrid models (sliding-window
+or mamba groups), ``kv_buffer_device`` other than ``cuda``; refused per
+request (the decode side prefills locally and releases the prefill's
+blocks): a prefill instance whose TP size and ours do not divide one
+another, or one that is not a kvproxy.vllm instance of this protocol.
 """
 
 from __future__ import annotations

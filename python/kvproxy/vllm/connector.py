@@ -103,8 +103,9 @@ class KvproxyConnector(KVConnectorBase_V1, SupportsHMA):
 
     @classmethod
     def get_required_kvcache_layout(cls, vllm_config: Any) -> Optional[str]:
-        # Blocks move whole, whatever the layout inside them; both sides'
-        # layouts are compared at registration.
+        # Blocks move whole, whatever the layout inside them, and head slices
+        # (different TP sizes) are cut from HND and NHD alike (kvproxy.vllm.slicing);
+        # both sides' layouts are compared at registration.
         return None
 
     @classmethod

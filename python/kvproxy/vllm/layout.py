@@ -36,7 +36,9 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from .slicing import Geom, Template
 
 __all__ = [
     "LayoutError",
@@ -75,6 +77,7 @@ class Plane:
     stride: int
     blocks: int
     sig: str
+    geom: Optional[Geom] = None  # the inside of a kernel block (head slicing)
 
 
 def _shape_of(t: Any) -> List[int]:
@@ -150,10 +153,16 @@ def planes_of_tensor(layer: str, t: Any, num_blocks: int, block_size: int, group
     dtype = getattr(t, "dtype", None)
     if dtype is not None:
         sig = f"{dtype}:" + sig
+    # vLLM's attention backends give the logical shape [..., tokens, heads,
+    # head_dim] (HND/NHD only permute the strides); MLA's [blocks, tokens,
+    # latent] has no heads dimension.
+    dims = [(shape[j], strides[j]) for j in inner]
+    heads = len(dims) - 2 if len(dims) >= 3 and dims[-3][0] == block_size // r else None
+    geom = Geom.of(dtype, es, r, dims, heads)
     planes = []
     for n, idx in enumerate(itertools.product(*(range(shape[j]) for j in outer))):
         off = sum(i * strides[j] for i, j in zip(idx, outer)) * es
-        planes.append(Plane(layer, n, group, ptr + off, r * strides[k] * es, num_blocks, sig))
+        planes.append(Plane(layer, n, group, ptr + off, r * strides[k] * es, num_blocks, sig, geom))
     return planes
 
 
@@ -171,6 +180,18 @@ class Layout:
     def signature(self) -> List[List[Any]]:
         """What must be equal on both sides: per plane its group, length and sig."""
         return [[p.group, p.stride, p.sig] for p in self.planes]
+
+    def slice_signature(self) -> List[List[Any]]:
+        """What must be equal on both sides when their TP sizes differ: per plane
+        its group and block layout but the heads' count, and that count."""
+        return [[p.group, p.geom.sig() if p.geom else p.sig, p.geom.head_count if p.geom else None]
+                for p in self.planes]
+
+    def heads(self) -> Optional[int]:
+        """KV heads per block (equal in every plane), or None when some plane
+        has no heads dimension (MLA) or they differ."""
+        counts = {p.geom.head_count if p.geom else None for p in self.planes}
+        return counts.pop() if len(counts) == 1 else None
 
     def group_planes(self, g: int) -> List[int]:
         return [i for i, p in enumerate(self.planes) if p.group == g]
@@ -229,28 +250,36 @@ def pair_blocks(src: Sequence[Sequence[int]], dst: Sequence[Sequence[int]]) -> L
     return out
 
 
-def blocks_per_transfer(layout: Layout, max_segments: int, max_bytes: int) -> int:
+def blocks_per_transfer(layout: Layout, max_segments: int, max_bytes: int,
+                        per_block: Optional[Sequence[int]] = None) -> int:
     """Block positions per transfer: every block may be a run of its own, so
-    one transfer needs at most ``per_xfer * planes`` segments."""
-    planes = max(len(layout.group_planes(g)) for g in range(layout.groups)) or 1
+    one transfer needs at most ``per_xfer`` times the descriptors of one
+    block (``per_block``: per plane; 1 each, whole blocks, by default)."""
+    descs = per_block or [1] * len(layout.planes)
+    planes = max(sum(descs[i] for i in layout.group_planes(g)) for g in range(layout.groups)) or 1
     block = max(layout.block_bytes(g) for g in range(layout.groups)) or 1
     return max(1, min(max_segments // planes, max_bytes // block))
 
 
 def plan_transfers(layout: Layout, pairs: Sequence[Sequence[Tuple[int, int]]], per_xfer: int,
-                   src_regions: Sequence[Tuple[int, int]], dst_regions: Sequence[Tuple[int, int]]
-                   ) -> List[List[Seg]]:
+                   src_regions: Sequence[Tuple[int, int]], dst_regions: Sequence[Tuple[int, int]],
+                   templates: Optional[Sequence[Template]] = None,
+                   dst_strides: Optional[Sequence[int]] = None) -> List[List[Tuple[int, ...]]]:
     """The segments of each transfer of a request.
 
     Transfer ``n`` carries block positions ``[n * per_xfer, (n+1) * per_xfer)``
     (counted through the groups in order). Within a transfer, blocks that
-    are consecutive on both sides coalesce into one segment per plane.
+    are consecutive on both sides coalesce into one segment per plane, or,
+    with ``templates`` (head slices, :mod:`.slicing`), into the template's
+    few segments per plane.
 
     :param src_regions: per plane, ``(key, offset)`` of block 0 in the local region.
     :param dst_regions: per plane, ``(key, offset)`` on the decode side.
+    :param templates: per plane, the head slice to send (None: whole blocks).
+    :param dst_strides: per plane, the decode side's block length (default: ours).
     """
     flat = [(g, s, d) for g, ps in enumerate(pairs) for s, d in ps]
-    out: List[List[Seg]] = []
+    out: List[List[Tuple[int, ...]]] = []
     gplanes = [layout.group_planes(g) for g in range(layout.groups)]
     for start in range(0, len(flat), per_xfer):
         segs: List[Seg] = []
@@ -264,9 +293,13 @@ def plan_transfers(layout: Layout, pairs: Sequence[Sequence[Tuple[int, int]]], p
                 n += 1
             for pi in gplanes[g]:
                 st = layout.planes[pi].stride
+                dst_st = dst_strides[pi] if dst_strides is not None else st
                 sk, so = src_regions[pi]
                 dk, do = dst_regions[pi]
-                segs.append((sk, so + s0 * st, dk, do + d0 * st, n * st))
+                if templates is None or templates[pi].whole:
+                    segs.append((sk, so + s0 * st, dk, do + d0 * dst_st, n * st))
+                else:
+                    templates[pi].emit(segs, sk, so + s0 * st, dk, do + d0 * dst_st, n)
             i += n
         out.append(segs)
     return out

@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: BSD-3-Clause
 """Talking to the prefill scheduler's mailbox (:mod:`kvproxy._bootstrap`) from worker threads.
 
-Keys are ``<quoted request id>.<tp rank>``; the kinds are the mailbox's:
+Keys are ``<quoted request id>.<prefill tp rank>.<n>`` (:func:`pair_key`:
+the ``n``-th decode rank that prefill rank sends to); the kinds are the mailbox's:
 ``meta`` (a decode worker's registration), ``abort`` (a decode worker gives
 a request up, or will never register) and ``status`` (a prefill worker's
 progress and outcome).
@@ -28,7 +29,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from .._bootstrap import BootstrapError
 
-__all__ = ["LongPoll", "mailbox_key"]
+__all__ = ["LongPoll", "mailbox_key", "pair_key"]
 
 _WAIT_PATH = "/kvproxy/v1/wait"
 
@@ -181,3 +182,11 @@ class LongPoll:
             except OSError:
                 pass
         self._r = self._w = -1
+
+
+def pair_key(request_id: str, prefill_rank: int, index: int) -> str:
+    """The mailbox key of one (prefill rank, decode rank) pair of a request:
+    ``index`` counts the decode ranks that prefill rank sends to (0 for the
+    first; :func:`kvproxy.vllm.tp_map.targets`), so that the prefill rank
+    finds the first registration before it knows the decode side's TP size."""
+    return f"{mailbox_key(request_id, prefill_rank)}.{int(index)}"

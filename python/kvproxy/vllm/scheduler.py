@@ -17,7 +17,8 @@ answers "all the prompt tokens the local prefix cache lacks, loaded
 asynchronously", so the request waits in ``WAITING_FOR_REMOTE_KVS``;
 ``update_state_after_alloc`` records the blocks allocated for them and the
 next ``build_connector_meta`` hands them to the workers, which register
-with the prefill side and count the landed transfers. A request aborted
+with the prefill ranks they take KV from (:mod:`.tp_map`; the prefill's TP
+size travels in ``kv_transfer_params``) and count the landed transfers. A request aborted
 while it waits (``request_finished``) is given up by the workers, which
 still report it received once nothing more can land in its blocks.
 """
@@ -39,8 +40,9 @@ __all__ = ["KvproxyConnectorMetadata", "SchedulerSide", "PROTOCOL", "outgoing_ip
 
 log = logging.getLogger("kvproxy.vllm")
 
-# Version of kv_transfer_params and of the mailbox records.
-PROTOCOL = 1
+# Version of kv_transfer_params and of the mailbox records (2: pair keys
+# <request>.<prefill rank>.<n> and head-sliced registrations, heterogeneous TP).
+PROTOCOL = 2
 # A finished prefill request counts as sent only in these states (others were aborted).
 _SENDABLE = ("FINISHED_LENGTH_CAPPED", "FINISHED_STOPPED")
 
@@ -177,9 +179,13 @@ class SchedulerSide:
         if not params.get("remote_bootstrap") or params.get("remote_request_id") is None:
             return "kv_transfer_params lack remote_bootstrap/remote_request_id"
         rtp = params.get("remote_tp_size")
-        if rtp != self.tp_size:
+        if not isinstance(rtp, int) or isinstance(rtp, bool) or rtp < 1:
+            return f"kv_transfer_params carry a bad remote_tp_size {rtp!r}"
+        if max(rtp, self.tp_size) % min(rtp, self.tp_size):
+            # Heterogeneous TP maps ranks as vLLM's NIXL connector does: one
+            # size must divide the other (see kvproxy.vllm.tp_map).
             return (f"the prefill instance runs tensor parallel size {rtp}, this one {self.tp_size}: "
-                    "heterogeneous TP needs strided (head-slice) segments, not supported yet")
+                    "one must divide the other")
         counts = params.get("remote_block_counts")
         if not isinstance(counts, list) or len(counts) != self.groups:
             return f"the prefill instance has {counts!r} blocks per KV-cache group, this one {self.groups} groups"

@@ -35,9 +35,11 @@ from .._errors import ConnectError, Disconnected, KvproxyError
 from .._memory import RegionMap
 from ._compat import spec_kind, tp_rank_of_vllm
 from .config import KvproxyVllmConfig
+from . import tp_map
 from .layout import Layout, blocks_per_transfer, build_layout
 from .receiving import Receiver
 from .sending import Sender
+from .slicing import Template
 from .stats import KvproxyConnectorStats
 
 __all__ = ["WorkerSide"]
@@ -59,6 +61,20 @@ def _connect(sock: str) -> Client:
         log.warning("kvproxyd at %s refused %d/%d ring entries (limits.sq_entries/cq_entries); using its "
                     "defaults", sock, _SQ_ENTRIES, _CQ_ENTRIES)
         return Client(sock)
+
+
+def _kv_heads_of(vllm_config: Any) -> Optional[int]:
+    """The model's KV heads over all ranks (vLLM's ModelConfig.get_total_num_kv_heads), or None."""
+    fn = getattr(getattr(vllm_config, "model_config", None), "get_total_num_kv_heads", None)
+    try:
+        return int(fn()) if callable(fn) else None
+    except Exception:  # noqa: BLE001 - a model config that cannot say
+        return None
+
+
+def _mla_of(vllm_config: Any) -> Optional[bool]:
+    v = getattr(getattr(vllm_config, "model_config", None), "use_mla", None)
+    return v if isinstance(v, bool) else None
 
 
 def _device_of(t: Any) -> Tuple[bool, int]:
@@ -90,6 +106,15 @@ class WorkerSide:
             self.groups = None  # one group of every layer (vLLM without kv_cache_config)
         nb = getattr(kv_cache_config, "num_blocks", None) or getattr(vllm_config.cache_config, "num_gpu_blocks", None)
         self.num_blocks = int(nb or 0)
+        # Heterogeneous TP (see tp_map): the model's KV heads, MLA or not, and
+        # why head slices cannot be cut (None: they can).
+        self.kv_heads = _kv_heads_of(vllm_config)
+        self._mla_cfg = _mla_of(vllm_config)
+        self.mla = bool(self._mla_cfg)
+        self.slice_why: Optional[str] = None
+        self._per_xfer_by_tp: Dict[int, int] = {}
+        self._templates: Dict[Tuple[bool, int, int, int, int], List[Template]] = {}
+        self.max_segs = 1
         self.lock = threading.Lock()
         self.cond = threading.Condition(self.lock)
         self.stop = threading.Event()
@@ -137,12 +162,91 @@ class WorkerSide:
         self.client, self.layout, self.regions = client, layout, regions
         self.src_regions = [(p.key, p.offset) for p in regions.placements]
         max_segs = min(self.cfg.max_segments or client.max_segments, client.max_segments)
+        self.max_segs = max_segs
         self.per_xfer = blocks_per_transfer(layout, max_segs, self.cfg.max_transfer_bytes)
+        self._heads_of(layout)
         log.info("kvproxy: rank %d on %s (%s): %d planes of %d blocks in %d regions (%s), %d blocks per transfer",
                  self.tp_rank, client.node_id, sock, len(layout.planes), self.num_blocks, regions.region_count,
                  f"cuda:{device}" if cuda else "host", self.per_xfer)
         self._reaper = threading.Thread(target=self._reap, name="kvproxy-vllm-reap", daemon=True)
         self._reaper.start()
+
+    def _heads_of(self, layout: Layout) -> None:
+        """Settle MLA or not, the model's KV heads and whether blocks can be head-sliced."""
+        h = layout.heads()
+        if self._mla_cfg is None:
+            self.mla = all(p.geom is None or p.geom.heads is None for p in layout.planes)
+        if self.mla:
+            return
+        if h is None:
+            self.slice_why = "the KV cache planes have no common heads dimension to slice"
+            return
+        if self.kv_heads is None:
+            self.kv_heads = h * self.tp_size  # no replication: vLLM's model config did not say
+        why = tp_map.check_tp(self.tp_size, 1, self.kv_heads, False)
+        if why is None:
+            lo, hi = tp_map.head_range(self.tp_rank, self.tp_size, self.kv_heads)
+            if hi - lo != h:
+                why = f"{h} KV heads per block, but {self.kv_heads} heads over TP {self.tp_size} give {hi - lo}"
+        self.slice_why = why
+
+    def sources(self, p_tp: int) -> List[tp_map.Source]:
+        """The prefill ranks (TP ``p_tp``) this decode rank takes its KV from.
+
+        :raises ValueError: they cannot be mapped, or the blocks cannot be head-sliced.
+        """
+        if p_tp != self.tp_size and not self.mla and self.slice_why:
+            raise ValueError(f"prefill TP {p_tp}, decode TP {self.tp_size}: {self.slice_why}")
+        return tp_map.sources(self.tp_rank, p_tp, self.tp_size, self.kv_heads, self.mla)
+
+    def templates(self, sending: bool, mine: int, other_heads: int, other: int, n: int) -> List[Template]:
+        """Per plane, the head slice between this rank's blocks (its local head
+        ``mine`` on) and the other side's (``other_heads`` per block, from its
+        local head ``other``), ``n`` heads, in the direction of ``sending``."""
+        assert self.layout is not None
+        key = (sending, mine, other_heads, other, n)
+        got = self._templates.get(key)  # the same few per peer TP size: built once
+        if got is not None:
+            return got
+        out = []
+        for p in self.layout.planes:
+            assert p.geom is not None
+            g, o = p.geom, p.geom.with_heads(other_heads)
+            out.append(Template(g, mine, o, other, n) if sending else Template(o, other, g, mine, n))
+        if len(self._templates) < 64:
+            self._templates[key] = out
+        return out
+
+    def per_xfer_for(self, p_tp: int) -> int:
+        """Block positions per transfer of requests from a prefill instance of TP
+        ``p_tp``: head slices may take more descriptors per block than whole blocks.
+
+        :raises ValueError: as :meth:`sources`.
+        """
+        got = self._per_xfer_by_tp.get(p_tp)
+        if got is not None:
+            return got
+        assert self.layout is not None
+        per_block: Optional[List[int]] = None
+        for p, lo, hi in self.sources(p_tp):
+            if lo is None or hi is None:
+                continue
+            assert self.kv_heads is not None
+            plo, phi = tp_map.head_range(p, p_tp, self.kv_heads)
+            dlo, _ = tp_map.head_range(self.tp_rank, self.tp_size, self.kv_heads)
+            pb = [t.per_block for t in self.templates(False, lo - dlo, phi - plo, lo - plo, hi - lo)]
+            per_block = pb if per_block is None else [max(a, b) for a, b in zip(per_block, pb)]
+        got = blocks_per_transfer(self.layout, self.max_segs, self.cfg.max_transfer_bytes, per_block)
+        self._per_xfer_by_tp[p_tp] = got
+        return got
+
+    def fan_of(self, p: int, p_tp: int, d_tp: int) -> int:
+        """How many decode ranks prefill rank ``p`` sends to (1 when the sizes
+        cannot be mapped: one pair key still reaches it)."""
+        try:
+            return len(tp_map.targets(p, p_tp, d_tp, self.kv_heads or max(p_tp, d_tp), self.mla))
+        except ValueError:
+            return 1
 
     def peer_index(self, node_id: str) -> int:
         """The local kvproxyd's index of a peer node (looked up once)."""

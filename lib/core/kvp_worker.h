@@ -1,0 +1,458 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * kvp_worker: the data plane of a worker lcore: client channels, transfers
+ * and their segments, the planner, fences, the slowest-transfers table, the
+ * messages exchanged with the main lcore, and the worker itself.
+ *
+ * Threading: a worker and everything it owns is touched only on its lcore,
+ * except where a field says otherwise (relaxed reads by the main lcore).
+ *
+ * Memory: every table is sized from the configuration at start-up; nothing
+ * here allocates afterwards.
+ */
+#ifndef KVP_WORKER_H
+#define KVP_WORKER_H
+
+#include <stdalign.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvp_config.h"
+#include "kvp_log.h"
+#include "kvp_region.h"
+#include "kvp_rings.h"
+#include "kvp_stats.h"
+#include "kvp_wire.h"
+
+struct kvp_worker;
+struct rte_ring;
+struct rte_mempool;
+
+/**
+ * A validated segment: @p count blocks of @p len bytes, block i at
+ * src_off + i * src_stride and dst_off + i * dst_stride (count 1: one
+ * contiguous range, strides equal to len). A strided segment whose blocks
+ * touch on both sides is stored as one contiguous block. src holds a region
+ * reference until the transfer ends.
+ */
+struct kvp_seg {
+	struct kvp_region *src;
+	uint64_t src_off;
+	uint64_t dst_key;
+	uint64_t dst_off;
+	uint64_t len;
+	uint64_t count;
+	uint64_t src_stride;
+	uint64_t dst_stride;
+};
+
+/** Payload bytes of a segment. */
+static inline uint64_t
+kvp_seg_bytes(const struct kvp_seg *s)
+{
+	return s->len * s->count;
+}
+
+/** Segments @p a then @p b can move as one: same regions, both ranges contiguous. */
+static inline bool
+kvp_seg_contiguous(const struct kvp_seg *a, const struct kvp_seg *b)
+{
+	return a->count == 1 && b->count == 1 && a->src == b->src &&
+	       a->src_off + a->len == b->src_off && a->dst_key == b->dst_key &&
+	       a->dst_off + a->len == b->dst_off;
+}
+
+/** Timestamps kept per transfer (kvp_mono_ns()); 0 = not reached. */
+enum kvp_ts {
+	KVP_TS_SUBMIT = 0, /**< client's submit_ns */
+	KVP_TS_PICKUP,	   /**< taken from the submission ring (a slot was free) */
+	KVP_TS_ADMIT,	   /**< the transport granted window and buffers (first frame queued) */
+	KVP_TS_FIRST,	   /**< first byte handed to the transport (kernel took the first frame) */
+	KVP_TS_POSTED,	   /**< last byte handed to the transport */
+	KVP_TS_ACKED,	   /**< the destination acknowledged every byte */
+	KVP_TS_DONE,	   /**< completion delivered to the client (or dropped: client gone) */
+	KVP_TS_MAX
+};
+
+/**
+ * Phases kept in histograms, per peer. Sending side: consecutive,
+ * non-overlapping intervals between the timestamps above (QUEUE .. DELIVER
+ * add up to TOTAL). Receiving side: RX_RECV and RX_DELIVER.
+ */
+enum kvp_hphase {
+	KVP_HP_QUEUE = 0, /**< submit -> pickup */
+	KVP_HP_ADMIT,	  /**< pickup -> admitted */
+	KVP_HP_FIRST,	  /**< admitted -> first byte posted */
+	KVP_HP_SEND,	  /**< first byte -> last byte posted */
+	KVP_HP_WIRE,	  /**< last byte posted -> acknowledged */
+	KVP_HP_DELIVER,	  /**< acknowledged -> completion delivered */
+	KVP_HP_TOTAL,	  /**< submit -> completion delivered */
+	KVP_HP_RX_RECV,	  /**< receiver: first byte received -> last byte landed (END) */
+	KVP_HP_RX_DELIVER, /**< receiver: landed -> landing notice delivered */
+	KVP_HP_MAX
+};
+
+#define KVP_HP_TX_MAX KVP_HP_RX_RECV
+
+/** Name of a histogram phase ("queue", "wire", "rx_receive", ...). */
+const char *kvp_hphase_name(int ph);
+
+/** Slowest transfers kept per worker, with their timestamps. */
+#define KVP_SLOWEST_N 32
+
+/** One ended transfer in the slowest table (written under its seqlock). */
+struct kvp_slow {
+	uint32_t seq; /**< odd while the worker rewrites the entry */
+	uint32_t client;
+	uint64_t user_id;
+	uint64_t tag;
+	uint64_t bytes;
+	uint64_t deadline_ns;
+	uint64_t total_ns; /**< submit (or pickup) -> done */
+	uint64_t ts[KVP_TS_MAX];
+	uint32_t nseg;
+	uint16_t peer;
+	int16_t status;
+};
+
+struct kvp_slowest {
+	struct kvp_slow e[KVP_SLOWEST_N];
+	uint32_t used;
+	uint32_t min_i;	      /**< entry with the smallest total */
+	uint64_t oldest_done; /**< earliest TS_DONE among the entries */
+};
+
+struct kvp_xfer;
+
+/**
+ * Offer an ended transfer to the slowest table (writer lcore). It enters if
+ * the table has room, or if it is slower than the fastest entry, or if an
+ * entry is older than @p window_ns (which it then replaces).
+ */
+void kvp_slowest_offer(struct kvp_slowest *t, const struct kvp_xfer *x, uint64_t total_ns,
+		       uint64_t now, uint64_t window_ns);
+
+/**
+ * Consistent copy of entry @p i (reader lcore).
+ *
+ * @return true if the entry is in use and was copied without a concurrent write
+ */
+bool kvp_slowest_read(const struct kvp_slowest *t, unsigned i, struct kvp_slow *out);
+
+enum kvp_xfer_state {
+	KVP_XS_FREE = 0,
+	KVP_XS_ACTIVE,	 /**< owned by the transport */
+	KVP_XS_BACKLOG, /**< ended; its completion waits for room in the CQ */
+};
+
+/** A transfer in flight on the sending node; slots are preallocated per worker. */
+struct kvp_xfer {
+	uint32_t idx; /**< slot in the worker's table; low half of the wire tag */
+	uint32_t gen; /**< bumped on reuse; high half of the wire tag */
+	uint8_t state;
+	uint8_t tp; /**< the transport that owns it (index into kvp_worker.tp) */
+	uint16_t peer;
+	int status; /**< first failure seen, KVP_OK otherwise */
+	uint16_t detail;  /**< KVP_EINVAL: enum kvp_invalid */
+	uint32_t bad_seg; /**< KVP_EINVAL: the segment at fault */
+	struct kvp_chan *chan; /**< NULL once the client has gone */
+	uint32_t client;       /**< submitting client's id (kept when chan goes) */
+	uint64_t user_id;
+	uint64_t bytes;
+	uint32_t nseg;
+	struct kvp_seg *segs;
+	uint64_t deadline_ns;
+	uint64_t ts[KVP_TS_MAX];
+	struct kvp_xfer *next; /**< backlog / transport queue link */
+	/* Transport-private progress; the planner's cursor is (t_seg, t_blk, t_off). */
+	uint32_t t_seg;
+	uint32_t t_frames; /**< frames of this transfer not yet on the wire */
+	uint64_t t_blk;	   /**< block of segment t_seg */
+	uint64_t t_off;	   /**< byte in that block */
+	uint8_t t_state;
+	uint16_t t_conn; /**< the connection that carries it */
+	bool t_acked;	 /**< the receiver acknowledged its last frame */
+};
+
+static inline uint64_t
+kvp_xfer_tag(const struct kvp_xfer *x)
+{
+	return ((uint64_t)x->gen << 32) | x->idx;
+}
+
+/* ---- the planner: how a transfer is cut into wire operations ---- */
+
+/**
+ * One piece of a transfer for one wire operation: @p nblk blocks of @p len
+ * bytes, block i at src_off + i * src_stride of seg->src and dst_off + i *
+ * dst_stride of seg->dst_key. nblk 1: one contiguous range of len bytes
+ * (possibly several coalesced contiguous segments).
+ */
+struct kvp_piece {
+	const struct kvp_seg *seg; /**< the (first) segment it comes from */
+	uint64_t src_off;
+	uint64_t dst_off;
+	uint64_t len;
+	uint64_t nblk;
+	uint64_t src_stride;
+	uint64_t dst_stride;
+};
+
+/** kvp_plan_next() flag: only pieces whose destination is one contiguous range. */
+#define KVP_PLAN_DST_CONTIG 0x1u
+
+/**
+ * Cut the next piece of @p x, at most @p limit bytes, and advance its
+ * cursor (t_seg, t_blk, t_off). A contiguous range is cut at @p limit; a
+ * whole segment absorbs the contiguous segments that follow it while they
+ * fit. Blocks of a strided segment that are smaller than @p limit go
+ * together, at most @p max_blocks of them (and, with KVP_PLAN_DST_CONTIG,
+ * only where the destination blocks touch); larger blocks are cut like
+ * contiguous ranges.
+ *
+ * @return false when nothing is left to cut
+ */
+bool kvp_plan_next(struct kvp_xfer *x, uint64_t limit, uint64_t max_blocks, unsigned flags,
+		   struct kvp_piece *p);
+
+/** Payload bytes of @p x the planner has not cut yet. */
+uint64_t kvp_plan_left(const struct kvp_xfer *x);
+
+/* ---- fences: landings a client refused ---- */
+
+enum kvp_fence_state {
+	KVP_FENCE_FREE = 0,
+	KVP_FENCE_PENDING, /**< a transport may still land matching bytes */
+	KVP_FENCE_HOLD,	   /**< nothing can land; completion delivered (or owed), still refusing */
+};
+
+/** A fence a client set on the transfers landing in its regions (worker-owned). */
+struct kvp_fence {
+	uint8_t state;	 /**< enum kvp_fence_state */
+	bool owed;	 /**< its completion waits for room in the CQ */
+	bool forced;	 /**< timeouts.peer_ms passed: the transports were told to force it */
+	uint8_t status;	 /**< of its completion: KVP_OK, or KVP_ETIMEDOUT if it could not hold */
+	uint32_t owner;	 /**< the fencing client */
+	uint64_t value;	 /**< user_id & mask == value */
+	uint64_t mask;
+	uint64_t id;	       /**< the client's fence_id, echoed in the completion */
+	uint64_t started_ns;
+	uint64_t expires_ns;   /**< forgotten after */
+	uint64_t dropped;      /**< bytes refused */
+};
+
+static inline bool
+kvp_fence_match(const struct kvp_fence *f, uint32_t owner, uint64_t user_id)
+{
+	return f->state != KVP_FENCE_FREE && f->owner == owner && (user_id & f->mask) == f->value;
+}
+
+/** A connected client as its worker sees it. */
+struct kvp_chan {
+	uint32_t id; /**< client id (slot | generation << 16) */
+	int32_t pid;
+	void *mem;
+	size_t len;
+	struct kvp_ring sq;
+	struct kvp_ring cq;
+	int notify_fd; /**< eventfd the client blocks on */
+	uint32_t inflight;
+	bool broken; /**< protocol violation; the main lcore disconnects it */
+	bool broken_sent;
+	char broken_why[128]; /**< which index or entry was impossible, with its value */
+	struct kvp_xfer *backlog_head;
+	struct kvp_xfer *backlog_tail;
+};
+
+/** Transports a worker may run, in the order it offers them each transfer. */
+#define KVP_TP_MAX 4
+
+struct kvp_transport_ops;
+
+/** One of a worker's transports. */
+struct kvp_tp {
+	const struct kvp_transport_ops *ops;
+	void *tctx;
+};
+
+/**
+ * A transport that uses the channel (RDMA). It gets the peer control
+ * frames (kvp_wire_is_ctl(): checked, payload whole), the ACKs of transfers
+ * it owns, every ABORT, and the channel's connection events.
+ */
+struct kvp_pchan_sub {
+	void *arg;
+	/** @return 0, or negative to fail the connection (the frame makes no sense) */
+	int (*on_frame)(void *arg, uint16_t peer, bool outgoing, const struct kvp_wire_hdr *h,
+			const void *payload);
+	/** The channel's connection to @p peer came up, or is going down (before its frames stop). */
+	void (*on_conn)(void *arg, uint16_t peer, bool outgoing, bool up);
+};
+
+/** Messages between the main lcore and a worker (rte_ring of pointers). */
+enum kvp_msg_type {
+	KVP_MSG_CHAN_ADD = 1, /**< main -> worker: poll this channel */
+	KVP_MSG_CHAN_DEL,     /**< main -> worker: client gone; reply CHAN_GONE */
+	KVP_MSG_CHAN_GONE,    /**< worker -> main: channel no longer referenced */
+	KVP_MSG_CHAN_BROKEN,  /**< worker -> main: client broke the ring protocol */
+	KVP_MSG_CONN_ADD,     /**< main -> worker: handshaken connection */
+	KVP_MSG_CONN_DOWN,    /**< worker -> main: connection closed */
+	KVP_MSG_QUIT,
+	KVP_MSG_CANCEL, /**< main -> worker: cancel (client, user_id) from the admin socket */
+};
+
+struct kvp_msg {
+	int type;
+	uint16_t peer;
+	uint8_t link;
+	bool outgoing;
+	int fd;
+	uint64_t epoch;
+	struct kvp_chan *chan;
+	uint32_t client;  /**< CANCEL: client id */
+	uint64_t user_id; /**< CANCEL */
+	char reason[128];
+};
+
+struct kvp_worker {
+	unsigned idx;
+	unsigned lcore;
+	const struct kvp_config *cfg;
+	struct kvp_region_table *regions;
+	struct kvp_tp tp[KVP_TP_MAX]; /**< its transports, in the order transfers are offered */
+	unsigned ntp;
+	int conn_tp;		      /**< the one that takes the peers' connections, -1: none */
+	int pchan_tp;		      /**< the one that provides the peer control channel, -1: none */
+	struct kvp_pchan_sub pchan_sub; /**< who uses it (on_frame NULL: nobody) */
+	struct rte_ring *inbox;	 /**< from the main lcore */
+	struct rte_ring *outbox; /**< to the main lcore */
+	struct rte_mempool *msg_pool; /**< struct kvp_msg, shared with the main lcore */
+	int evfd;		 /**< doorbell: clients and the main lcore write it */
+	int main_evfd;		 /**< the main lcore's doorbell, rung after an outbox post */
+
+	struct kvp_xfer *xfers;
+	uint32_t nxfers;
+	uint32_t *free_idx;
+	uint32_t nfree;
+	uint32_t nbacklog; /**< of the slots in use, transfers ended and waiting for CQ room */
+	struct kvp_seg *segs; /**< nxfers * max_segments */
+	struct kvp_sqe_seg *sqe_scratch;
+
+	struct kvp_chan **chans; /**< by client slot */
+	uint32_t nchans;
+	uint32_t chan_slots;
+	uint8_t peer_links[KVP_PEERS_MAX]; /**< outgoing connections up per peer */
+
+	uint64_t next_timer_ns;
+	volatile bool quit;
+	bool draining; /**< set by the main lcore: refuse new submissions (relaxed) */
+	struct kvp_fence *fences; /**< cfg->max_fences slots */
+	uint32_t nfences;	  /**< slots in use */
+	uint32_t fences_pending;  /**< of them, not yet known to hold */
+	struct kvp_worker_stats stats;
+	struct kvp_hist *hist; /**< [peer * KVP_HP_MAX + phase], one row per configured peer */
+	struct kvp_slowest slowest;
+};
+
+/** Histogram of @p phase for @p peer on worker @p w. */
+static inline struct kvp_hist *
+kvp_worker_hist(const struct kvp_worker *w, uint16_t peer, int phase)
+{
+	return &w->hist[(size_t)peer * KVP_HP_MAX + (size_t)phase];
+}
+
+/**
+ * Allocate a worker's tables from the configuration (start-up only).
+ *
+ * @return 0, -ENOMEM
+ */
+int kvp_worker_init(struct kvp_worker *w, unsigned idx, const struct kvp_config *cfg,
+		    struct kvp_region_table *regions, struct rte_mempool *msg_pool);
+
+/**
+ * Create the worker's transports, in the order transfers are offered to
+ * them (start-up only).
+ *
+ * @return 0, or the first create() error (those created are destroyed)
+ */
+int kvp_worker_transports(struct kvp_worker *w, const struct kvp_transport_ops *const *ops,
+			  unsigned n);
+
+/** Destroy its transports and free what kvp_worker_init() allocated. */
+void kvp_worker_fini(struct kvp_worker *w);
+
+/** Move data on every transport and reap their completions. @return work done */
+int kvp_worker_progress(struct kvp_worker *w);
+
+/** Before sleeping: the fds of its transports to wait on (up to @p max). @return how many */
+unsigned kvp_worker_sleep_fds(struct kvp_worker *w, int *fds, unsigned max);
+
+/** Handle messages from the main lcore. @return messages handled */
+int kvp_worker_inbox(struct kvp_worker *w);
+
+/** Pick up submissions from every channel. @return SQ entries consumed */
+int kvp_worker_poll_chans(struct kvp_worker *w);
+
+/** Fail transfers past their deadline, retry CQ backlogs. @return work done */
+int kvp_worker_timers(struct kvp_worker *w, uint64_t now);
+
+/** Before sleeping: arm every channel's wakeup. @return false if work arrived */
+bool kvp_worker_prepare_sleep(struct kvp_worker *w);
+
+/** After sleeping. */
+void kvp_worker_finish_sleep(struct kvp_worker *w);
+
+/** The active transfer with wire tag @p tag, or NULL (ended, reused, or no such slot). */
+static inline struct kvp_xfer *
+kvp_worker_xfer_of(struct kvp_worker *w, uint64_t tag)
+{
+	uint32_t idx = (uint32_t)tag;
+
+	if (idx >= w->nxfers)
+		return NULL;
+	struct kvp_xfer *x = &w->xfers[idx];
+	if (x->state != KVP_XS_ACTIVE || kvp_xfer_tag(x) != tag)
+		return NULL;
+	return x;
+}
+
+/** Slow path of kvp_worker_fenced(). */
+bool kvp_worker_fence_drop(struct kvp_worker *w, uint32_t owner, uint64_t user_id,
+			   uint64_t bytes, unsigned xfers);
+
+/**
+ * Transport check before landing bytes of transfer @p user_id in a region of
+ * client @p owner: true if a fence refuses them; they are then counted as
+ * dropped (@p bytes, and @p xfers transfers: 1 the first time a transfer is
+ * refused). Costs a load when no fence is set.
+ */
+static inline bool
+kvp_worker_fenced(struct kvp_worker *w, uint32_t owner, uint64_t user_id, uint64_t bytes,
+		  unsigned xfers)
+{
+	return w->nfences && kvp_worker_fence_drop(w, owner, user_id, bytes, xfers);
+}
+
+/** Transport callback: a transfer has ended (acked or failed). */
+void kvp_worker_xfer_end(struct kvp_worker *w, struct kvp_xfer *x, int status);
+
+/**
+ * Transport callback: a transfer from @p peer landed in region @p dst_key of
+ * client @p owner; its first byte arrived at @p first_ns (kvp_mono_ns()).
+ */
+void kvp_worker_landed(struct kvp_worker *w, uint16_t peer, uint32_t owner, uint64_t user_id,
+		       uint64_t dst_key, uint64_t bytes, uint32_t nseg, uint64_t first_ns);
+
+/** Transport callback: a connection closed; the main lcore reconnects. */
+void kvp_worker_conn_down(struct kvp_worker *w, uint16_t peer, uint8_t link, bool outgoing,
+			  const char *reason);
+
+/** Client slot of a client id (index into kvp_worker.chans). */
+static inline uint32_t
+kvp_client_slot(uint32_t id)
+{
+	return id & 0xffffu;
+}
+
+#endif /* KVP_WORKER_H */
