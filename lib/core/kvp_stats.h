@@ -65,7 +65,7 @@ struct kvp_worker_stats {
 	uint64_t fenced_bytes;	  /**< bytes of them */
 	uint64_t fence_ns_max;	  /**< longest time from a fence to nothing more landing */
 	uint64_t completions[KVP_STATUS_MAX];
-	struct kvp_peer_stats peer[KVP_PEERS_MAX];
+	struct kvp_peer_stats *peer; /**< limits.max_peers rows, by peer slot */
 	/* RDMA transport. */
 	uint64_t rdma_xfers;	 /**< transfers sent by RDMA (the rest went over TCP) */
 	uint64_t rdma_fallbacks; /**< transfers that took TCP although RDMA was up */

@@ -64,8 +64,8 @@ peers_up(const struct kvp_node *n, unsigned i)
 	unsigned up = 0;
 
 	(void)i;
-	for (uint16_t p = 0; p < n->cfg.npeers; p++)
-		up += n->peers[p].out_up != 0;
+	for (uint32_t p = 0; p < n->cfg.max_peers; p++)
+		up += n->peers[p].slot_state == KVP_PS_ACTIVE && n->peers[p].out_up != 0;
 	return up;
 }
 
@@ -188,8 +188,9 @@ node_id(const struct kvp_node *n, unsigned i)
 static json_t *
 peer_ident(const struct kvp_node *n, unsigned i)
 {
-	return json_pack("{s:s, s:i, s:s}", "node_id", n->cfg.peers[i].node_id, "index", (int)i,
-			 "state", kvp_peer_state_name(n, (uint16_t)i));
+	return json_pack("{s:s, s:i, s:s, s:s}", "node_id", peer_label(n, i), "index",
+			 (int)peer_handle(n, i), "state", kvp_peer_state_name(n, (uint16_t)i),
+			 "origin", peer_origin_name(n->peers[i].origin));
 }
 
 static json_t *
@@ -253,7 +254,9 @@ latency_json(const struct kvp_node *n, unsigned i)
 	struct kvp_hist h;
 
 	(void)i;
-	for (uint16_t p = 0; p < n->cfg.npeers; p++) {
+	for (uint16_t p = 0; p < n->cfg.max_peers; p++) {
+		if (!peer_live(n, p))
+			continue;
 		for (int ph = 0; ph < KVP_HP_MAX; ph++) {
 			stats_hist_of(n, p, ph, &h);
 			uint64_t cnt = kvp_hist_count(&h);
@@ -263,7 +266,7 @@ latency_json(const struct kvp_node *n, unsigned i)
 			json_array_append_new(
 				arr,
 				json_pack("{s:s, s:s, s:s, s:I, s:f, s:f, s:f, s:f}", "peer",
-					  n->cfg.peers[p].node_id, "direction",
+					  peer_label(n, p), "direction",
 					  ph < KVP_HP_TX_MAX ? "send" : "receive", "phase",
 					  kvp_hphase_name(ph), "count", (json_int_t)cnt, "mean_us",
 					  (double)h.sum_ns / (double)cnt / 1e3, "p50_us",
@@ -302,7 +305,10 @@ const struct stat_row stat_rows[] = {
 	{ "status", "clients", "kvproxy_clients", N(nclients), G, .help = "Connected clients." },
 	{ "status", "regions", "kvproxy_regions", N(regions.used), G, .help = "Registered regions." },
 	{ "status", "inflight", REF("totals") },
-	{ "status", "peers", "kvproxy_peers", N(cfg.npeers), G, .help = "Configured peers." },
+	{ "status", "peers", "kvproxy_peers", N(npeers), G,
+	  .help = "Peers in the table (configured, added, on demand, inbound; draining ones too)." },
+	{ "status", "max_peers", "kvproxy_peers_max", N(cfg.max_peers), G,
+	  .help = "Peer slots (limits.max_peers)." },
 	{ "status", "peers_up", FN(peers_up), .derived = "the count of kvproxy_peer_up at 1" },
 	{ "status", "draining", "kvproxy_draining", N(draining), G, .unit = SU_BOOL,
 	  .help = "1 while the node refuses new submissions (drain)." },
@@ -352,6 +358,10 @@ const struct stat_row stat_rows[] = {
 	  .help = "Peer handshakes refused or failed." },
 	{ "totals", "auth_failures", "kvproxy_auth_failures_total", N(auth_failures),
 	  .help = "Peers refused for failed authentication." },
+	{ "totals", "peers_refused_full", "kvproxy_peers_refused_full_total", N(peers_refused_full),
+	  .help = "Peers not taken (added, named by address, connecting): every slot was in use." },
+	{ "totals", "peers_forgotten", "kvproxy_peers_forgotten_total", N(peers_forgotten),
+	  .help = "On-demand and inbound peers removed after timeouts.peer_forget_ms without a link." },
 	{ "totals", "inflight_hwm", "kvproxy_transfers_inflight_high_water", W(inflight_hwm), G,
 	  .help = "Most transfer slots in use at once." },
 	{ "totals", "inflight_max", "kvproxy_transfers_inflight_max", FN(inflight_max), G,
