@@ -34,8 +34,9 @@ static const char *const order_completions[] = {
 	"canceled", "remote",  "shutdown",   "no-peer", NULL,
 };
 static const char *const cols_peers[] = {
-	"node_id",  "index",    "addr",     "state",       "epoch",      "tx_bytes",   "rx_bytes",
-	"tx_xfers", "rx_xfers", "connects", "disconnects", "bad_frames", "last_error", NULL,
+	"node_id",  "index",    "origin",   "addr",        "state",      "epoch",
+	"tx_bytes", "rx_bytes", "tx_xfers", "rx_xfers",    "connects",   "disconnects",
+	"bad_frames", "last_error", NULL,
 };
 static const char *const cols_clients[] = {
 	"id", "pid", "sq_depth", "cq_depth", "inflight", "regions", "cq_overflow", NULL,
