@@ -335,6 +335,12 @@ handle_req(struct kvp_node *n, struct kvp_client_conn *c, const struct kvp_ctrl_
 			rep_error(&rep, -ENOENT, "'%s' is not a configured peer of %s%s", id,
 				  n->cfg.node_id,
 				  peer_find(n, id, true) >= 0 ? " (it is being removed)" : "");
+		else if (!n->peers[rc].host[0])
+			/* It dialled us; nothing can be sent to it until it is named by address. */
+			rep_error(&rep, -ENOENT,
+				  "'%s' is not a configured peer of %s: it connected to it (inbound) "
+				  "and has no address to be dialled at; name it by its address",
+				  id, n->cfg.node_id);
 		else
 			rep.u.peer.peer = peer_handle(n, (uint32_t)rc);
 		break;

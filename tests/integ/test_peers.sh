@@ -71,7 +71,7 @@ verified_of() { awk '{ print $5 }' "$KVP_TMP/$1.status"; }
 start_dest() {
 	rm -f "$KVP_TMP/$1.stop"
 	spawn "$3" "$KVP_TMP/$1.dest.out" - "$PEERS_CLIENT" dest -s "$(sock_of "$2")" --size 64m \
-		--xfer 64k --key-file "$KVP_TMP/${4:-$1}.key" --status "$KVP_TMP/$1.status" \
+		--xfer 16k --key-file "$KVP_TMP/${4:-$1}.key" --status "$KVP_TMP/$1.status" \
 		--stop "$KVP_TMP/$1.stop"
 	DEST_PID[$1]=$SPAWNED
 	wait_file "$KVP_TMP/$1.status" 30 "$SPAWNED"
@@ -105,9 +105,9 @@ case_dynamic() {
 	done
 	# Named by node id (added below with peer_add) or by address (on demand, at once).
 	spawn "${NS_NODE[0]}" "$KVP_TMP/src.out" - "$PEERS_CLIENT" src -s "$(sock_of prefill0)" \
-		--xfer 64k --rate 150 --inflight 2 --stop "$KVP_TMP/src.stop" --out "$KVP_TMP/src.json" \
-		"d1=decode1=$KVP_TMP/d1.key=1024" "d2=${ADDR_NODE[2]}:7400=$KVP_TMP/d2.key=1024" \
-		"d3=decode3=$KVP_TMP/d3.key=1024" "d4=${ADDR_NODE[4]}:7400=$KVP_TMP/d4.key=1024"
+		--xfer 16k --rate 150 --inflight 2 --stop "$KVP_TMP/src.stop" --out "$KVP_TMP/src.json" \
+		"d1=decode1=$KVP_TMP/d1.key=4096" "d2=${ADDR_NODE[2]}:7400=$KVP_TMP/d2.key=4096" \
+		"d3=decode3=$KVP_TMP/d3.key=4096" "d4=${ADDR_NODE[4]}:7400=$KVP_TMP/d4.key=4096"
 	local src=$SPAWNED
 	wait_verified d2 20 30
 	wait_verified d4 20 30
