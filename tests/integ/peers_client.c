@@ -9,7 +9,8 @@
  *   dest -s SOCK --size BYTES --xfer BYTES --key-file PATH --status PATH --stop PATH
  *        register a region, publish its key, verify each landed transfer;
  *        the status file (rewritten as it goes) and the last line say
- *        "dest key K verified N bytes B mismatches M"; ends when PATH exists
+ *        "dest key K verified N bytes B mismatches M overflow O first_ns T"
+ *        (T: CLOCK_MONOTONIC when the first transfer landed); ends when PATH exists
  *   src -s SOCK --xfer BYTES --rate N --inflight W --stop PATH --out PATH
  *       NAME=PEER=KEYFILE=SLOTS...
  *        send to every target (PEER a node id or host:port, looked up again
@@ -19,8 +20,9 @@
  *        per target and region key: ok, bytes, every status seen
  *   first -s SOCK --peer PEER --key-file PATH --xfer BYTES [--admin SOCK --add ID]
  *        with --add, peer_add ID=PEER on the admin socket first; then look
- *        PEER up and send one transfer: "first ms T" from the start (add or
- *        lookup) to its completion, the status with it
+ *        PEER up and send one transfer: "first ms T status S t0_ns N", T from
+ *        the start (add or lookup) to its completion, N that start
+ *        (CLOCK_MONOTONIC, to compare with the receiver's first_ns)
  *
  * Exit status: 0 ok, 1 a check failed, 2 usage.
  */
@@ -200,7 +202,8 @@ cmd_dest(const struct opts *o)
 	if (!o->sock || !o->size || !o->xfer || !o->key_file || !o->status || !o->stop)
 		die("dest: -s, --size, --xfer, --key-file, --status and --stop are required");
 	struct kvp_client *c = connect_to(o->sock);
-	uint64_t nslots = o->size / o->xfer, key, verified = 0, bytes = 0, bad = 0, last = 0;
+	uint64_t nslots = o->size / o->xfer, key, verified = 0, bytes = 0, bad = 0, last = 0,
+		 first_ns = 0;
 	uint8_t *want = malloc(o->xfer);
 	void *mem;
 	int fd, rc;
@@ -222,6 +225,8 @@ cmd_dest(const struct opts *o)
 		for (int i = 0; i < n; i++) {
 			if (e[i].kind != KVP_CQE_LANDED)
 				continue;
+			if (!first_ns)
+				first_ns = now_ns();
 			uint64_t slot = uid_seq(e[i].user_id) % nslots;
 
 			pattern(e[i].user_id, want, o->xfer);
@@ -241,8 +246,8 @@ cmd_dest(const struct opts *o)
 		if (n > 0 || now - last > 100000000ull) {
 			snprintf(line, sizeof(line),
 				 "dest key %" PRIu64 " verified %" PRIu64 " bytes %" PRIu64
-				 " mismatches %" PRIu64 " overflow %u\n",
-				 key, verified, bytes, bad, kvp_overflow(c));
+				 " mismatches %" PRIu64 " overflow %u first_ns %" PRIu64 "\n",
+				 key, verified, bytes, bad, kvp_overflow(c), first_ns);
 			publish(o->status, line);
 			last = now;
 		}
@@ -568,8 +573,8 @@ cmd_first(const struct opts *o)
 		die("first: no completion within 10 s");
 	double ms = (double)(now_ns() - t0) / 1e6;
 
-	printf("first ms %.2f status %s%s%s\n", ms, kvp_status_str(e.status),
-	       e.status == KVP_EPEER || e.status == KVP_ENOPEER ? ": " : "",
+	printf("first ms %.3f status %s t0_ns %" PRIu64 "%s%s\n", ms, kvp_status_str(e.status), t0,
+	       e.status == KVP_EPEER || e.status == KVP_ENOPEER ? " why: " : "",
 	       e.status == KVP_EPEER || e.status == KVP_ENOPEER ? kvp_peer_why_str(e.detail) : "");
 	kvp_close(c);
 	return e.status == KVP_OK ? 0 : 1;
