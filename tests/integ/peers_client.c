@@ -10,7 +10,8 @@
  *        register a region, publish its key, verify each landed transfer;
  *        the status file (rewritten as it goes) and the last line say
  *        "dest key K verified N bytes B mismatches M overflow O first_ns T"
- *        (T: CLOCK_MONOTONIC when the first transfer landed); ends when PATH exists
+ *        (T: CLOCK_MONOTONIC when the first transfer landed); ends when PATH
+ *        exists, or when the daemon goes away (after its last landing notices)
  *   src -s SOCK --xfer BYTES --rate N --inflight W --stop PATH --out PATH
  *       NAME=PEER=KEYFILE=SLOTS...
  *        send to every target (PEER a node id or host:port, looked up again
@@ -219,8 +220,11 @@ cmd_dest(const struct opts *o)
 	for (;;) {
 		struct kvp_cqe e[64];
 		int n = kvp_wait(c, e, 64, 50);
+		bool gone = n == -EPIPE; /* the notices it posted came first */
 
-		if (n < 0)
+		if (gone)
+			n = 0;
+		else if (n < 0)
 			die("dest: wait: %s", strerror(-n));
 		for (int i = 0; i < n; i++) {
 			if (e[i].kind != KVP_CQE_LANDED)
@@ -243,7 +247,7 @@ cmd_dest(const struct opts *o)
 		}
 		uint64_t now = now_ns();
 
-		if (n > 0 || now - last > 100000000ull) {
+		if (n > 0 || gone || now - last > 100000000ull) {
 			snprintf(line, sizeof(line),
 				 "dest key %" PRIu64 " verified %" PRIu64 " bytes %" PRIu64
 				 " mismatches %" PRIu64 " overflow %u first_ns %" PRIu64 "\n",
@@ -251,13 +255,15 @@ cmd_dest(const struct opts *o)
 			publish(o->status, line);
 			last = now;
 		}
-		if (n == 0 && exists(o->stop))
+		if (gone || (n == 0 && exists(o->stop)))
 			break;
 	}
 	printf("%s", line);
 	uint32_t overflow = kvp_overflow(c);
 
 	kvp_close(c);
+	kvp_host_free(fd, mem, o->size);
+	free(want);
 	return bad == 0 && overflow == 0 ? 0 : 1;
 }
 
@@ -490,6 +496,7 @@ cmd_src(const struct opts *o)
 	}
 	report(o);
 	kvp_close(c);
+	kvp_host_free(fd, mem, size);
 	return 0;
 }
 
@@ -577,6 +584,7 @@ cmd_first(const struct opts *o)
 	       e.status == KVP_EPEER || e.status == KVP_ENOPEER ? " why: " : "",
 	       e.status == KVP_EPEER || e.status == KVP_ENOPEER ? kvp_peer_why_str(e.detail) : "");
 	kvp_close(c);
+	kvp_host_free(fd, mem, o->xfer);
 	return e.status == KVP_OK ? 0 : 1;
 }
 

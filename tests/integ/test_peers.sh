@@ -77,8 +77,10 @@ start_dest() {
 	wait_file "$KVP_TMP/$1.status" 30 "$SPAWNED"
 }
 
+# stop_dest NAME [nostop]: end receiver NAME (by its stop file, or it ends by
+# itself when its daemon went away) and check its exit.
 stop_dest() {
-	touch "$KVP_TMP/$1.stop"
+	[[ ${2:-} == nostop ]] || touch "$KVP_TMP/$1.stop"
 	local rc=0
 	wait_pid "${DEST_PID[$1]}" 30 || rc=$?
 	cat "$KVP_TMP/$1.dest.out" >&2
@@ -130,8 +132,9 @@ case_dynamic() {
 	d3_at_drain=$(verified_of d3)
 
 	log "restarting decode4 as decode4b at the same address"
-	stop_dest d4
+	# The daemon first: its receiver reads every landing notice, then sees it gone.
 	stop_daemon_checked decode4
+	stop_dest d4 nostop
 	peers_conf decode4b "${ADDR_NODE[4]}:7400" ""
 	start_daemon decode4b "${NS_NODE[4]}"
 	wait_admin decode4b
