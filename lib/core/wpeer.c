@@ -230,7 +230,8 @@ wpeer_timers(struct kvp_worker *w, uint64_t now)
 		struct kvp_worker_peer *p = &w->peers[i];
 
 		if (p->wait_head && now >= p->wait_until_ns)
-			work += fail_waiting(w, p, KVP_EPEER, p->why ? p->why : KVP_PEER_WHY_CONNECT);
+			work += fail_waiting(w, p, KVP_EPEER,
+					     p->why ? p->why : KVP_PEER_WHY_CONNECT);
 		if (p->close_due) {
 			w->closes_due--;
 			p->close_due = false;

@@ -18,15 +18,16 @@ peer_json(const struct kvp_node *n, uint32_t i)
 	char epoch[24];
 
 	snprintf(epoch, sizeof(epoch), "%016" PRIx64, p->epoch);
-	json_t *o = json_pack(
-		"{s:s, s:i, s:s, s:s, s:s, s:b, s:i, s:i, s:i, s:s, s:I, s:I, s:I, s:s}", "node_id",
-		p->node_id, "index", (int)peer_handle(n, i), "origin", peer_origin_name(p->origin),
-		"addr", p->addr, "state", kvp_peer_state_name(n, (uint16_t)i), "inbound_up",
-		p->in_up != 0, "links", (int)p->links, "links_up", __builtin_popcount(p->out_up),
-		"inbound_links", __builtin_popcount(p->in_up), "epoch", epoch, "connects",
-		(json_int_t)p->connects, "disconnects", (json_int_t)p->disconnects,
-		"handshake_failures", (json_int_t)p->handshake_failures, "last_error",
-		p->slot_state == KVP_PS_DRAINING ? p->removed_why : p->last_error);
+	json_t *o =
+		json_pack("{s:s, s:i, s:s, s:s, s:s, s:b, s:i, s:i, s:i, s:s, s:I, s:I, s:I, s:s}",
+			  "node_id", p->node_id, "index", (int)peer_handle(n, i), "origin",
+			  peer_origin_name(p->origin), "addr", p->addr, "state",
+			  kvp_peer_state_name(n, (uint16_t)i), "inbound_up", p->in_up != 0, "links",
+			  (int)p->links, "links_up", __builtin_popcount(p->out_up), "inbound_links",
+			  __builtin_popcount(p->in_up), "epoch", epoch, "connects",
+			  (json_int_t)p->connects, "disconnects", (json_int_t)p->disconnects,
+			  "handshake_failures", (json_int_t)p->handshake_failures, "last_error",
+			  p->slot_state == KVP_PS_DRAINING ? p->removed_why : p->last_error);
 
 	if (p->first_up_ns)
 		json_object_set_new(o, "first_up_ms",
@@ -67,14 +68,16 @@ m_peer_add(struct kvp_node *n, json_t *params, struct rpc_err *e)
 		return admin_fail(e, RPC_INVALID_PARAMS,
 				  "params: {\"node_id\": \"id\", \"addr\": \"host:port\"}");
 	if (!kvp_config_node_id_ok(id))
-		return admin_fail(e, RPC_INVALID_PARAMS,
-				  "node_id '%.40s': expected 1 to %d letters, digits, '-', '_', '.'",
-				  id, KVP_NODE_ID_MAX - 1);
+		return admin_fail(
+			e, RPC_INVALID_PARAMS,
+			"node_id '%.40s': expected 1 to %d letters, digits, '-', '_', '.'", id,
+			KVP_NODE_ID_MAX - 1);
 	if (kvp_config_parse_hostport(addr, host, sizeof(host), &port) < 0)
-		return admin_fail(e, RPC_INVALID_PARAMS,
-				  "addr '%.80s': expected \"host:port\" (port 1-65535, host of at most "
-				  "63 letters, digits, '.', '-', '_', or [IPv6])",
-				  addr);
+		return admin_fail(
+			e, RPC_INVALID_PARAMS,
+			"addr '%.80s': expected \"host:port\" (port 1-65535, host of at most "
+			"63 letters, digits, '.', '-', '_', or [IPv6])",
+			addr);
 	int slot = peer_add(n, KVP_PEER_ADMIN, id, host, port, why, sizeof(why));
 
 	if (slot < 0)
@@ -91,8 +94,7 @@ m_peer_remove(struct kvp_node *n, json_t *params, struct rpc_err *e)
 	uint16_t port;
 	int slot = -1;
 
-	if (!params ||
-	    json_unpack(params, "{s?:s, s?:s !}", "node_id", &id, "addr", &addr) < 0 ||
+	if (!params || json_unpack(params, "{s?:s, s?:s !}", "node_id", &id, "addr", &addr) < 0 ||
 	    (id == NULL) == (addr == NULL))
 		return admin_fail(e, RPC_INVALID_PARAMS,
 				  "params: {\"node_id\": \"id\"} (or {\"addr\": \"host:port\"})");
@@ -100,12 +102,13 @@ m_peer_remove(struct kvp_node *n, json_t *params, struct rpc_err *e)
 		slot = peer_find(n, id, false);
 		if (slot < 0)
 			return admin_fail(e, RPC_REFUSED, "'%.40s' is not a peer%s", id,
-					  peer_find(n, id, true) >= 0 ? " (it is being removed already)"
-								      : "");
+					  peer_find(n, id, true) >= 0 ?
+						  " (it is being removed already)" :
+						  "");
 	} else {
 		if (kvp_config_parse_hostport(addr, host, sizeof(host), &port) < 0)
-			return admin_fail(e, RPC_INVALID_PARAMS, "addr '%.80s': expected \"host:port\"",
-					  addr);
+			return admin_fail(e, RPC_INVALID_PARAMS,
+					  "addr '%.80s': expected \"host:port\"", addr);
 		slot = peer_find_addr(n, host, port);
 		if (slot < 0)
 			return admin_fail(e, RPC_REFUSED, "no peer is dialled at %.80s", addr);

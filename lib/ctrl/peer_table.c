@@ -121,9 +121,9 @@ tell_workers(struct kvp_node *n, uint32_t slot, int type)
 		m[i]->handle = peer_handle(n, slot);
 		m[i]->why = p->why;
 		/* A new peer gets timeouts.connect_ms for a first link before transfers fail. */
-		m[i]->until_ns = p->host[0] ? p->added_ns + (uint64_t)n->cfg.connect_timeout_ms *
-								    1000000
-					    : 0;
+		m[i]->until_ns =
+			p->host[0] ? p->added_ns + (uint64_t)n->cfg.connect_timeout_ms * 1000000 :
+				     0;
 		/* For the workers' log lines: the node id, or the address while it is not known. */
 		snprintf(m[i]->node_id, sizeof(m[i]->node_id), "%.31s",
 			 p->node_id[0] ? p->node_id : p->addr);
@@ -150,7 +150,8 @@ peer_add(struct kvp_node *n, int origin, const char *node_id, const char *host, 
 	}
 	if (node_id[0] && (slot = peer_find(n, node_id, true)) >= 0) {
 		snprintf(why, whylen, "'%s' is already a peer (%s, %s%s)", node_id,
-			 peer_origin_name(n->peers[slot].origin), n->peers[slot].addr[0] ? n->peers[slot].addr : "no address",
+			 peer_origin_name(n->peers[slot].origin),
+			 n->peers[slot].addr[0] ? n->peers[slot].addr : "no address",
 			 n->peers[slot].slot_state == KVP_PS_DRAINING ? ", being removed" : "");
 		return -EEXIST;
 	}
@@ -191,7 +192,8 @@ peer_add(struct kvp_node *n, int origin, const char *node_id, const char *host, 
 		snprintf(p->addr, sizeof(p->addr), "%s:%u", host, port);
 	if (tell_workers(n, (uint32_t)slot, KVP_MSG_PEER_OPEN) < 0) {
 		/* No worker has it open, or a few do: close it again on all, as a removal. */
-		snprintf(why, whylen, "the workers cannot be told now (message pool or inbox full)");
+		snprintf(why, whylen,
+			 "the workers cannot be told now (message pool or inbox full)");
 		p->slot_state = KVP_PS_ACTIVE;
 		n->npeers++;
 		peer_remove(n, (uint32_t)slot, "could not be opened on every worker");
@@ -328,7 +330,8 @@ table_timer(struct kvp_node *n, uint64_t now)
 		    now - p->idle_since_ns >= forget) {
 			char why[96];
 
-			snprintf(why, sizeof(why), "forgotten: no link for %u s (timeouts.peer_forget_ms)",
+			snprintf(why, sizeof(why),
+				 "forgotten: no link for %u s (timeouts.peer_forget_ms)",
 				 n->cfg.peer_forget_ms / 1000);
 			n->peers_forgotten++;
 			peer_remove(n, i, why);
@@ -355,7 +358,8 @@ peer_table_init(struct kvp_node *n, char *err, size_t errlen)
 	/* The file's peers first, in its order: slot i is the file's peer i. */
 	for (uint32_t i = 0; i < n->cfg.npeers; i++) {
 		const struct kvp_peer_conf *pc = &n->cfg.peers[i];
-		int rc = peer_add(n, KVP_PEER_CONFIG, pc->node_id, pc->host, pc->port, why, sizeof(why));
+		int rc = peer_add(n, KVP_PEER_CONFIG, pc->node_id, pc->host, pc->port, why,
+				  sizeof(why));
 
 		if (rc < 0) {
 			snprintf(err, errlen, "peer %s: %s", pc->node_id, why);

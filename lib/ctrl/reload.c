@@ -56,11 +56,13 @@ reload_peers(struct kvp_node *n, const struct kvp_config *nc, json_t *o)
 
 		if (p->slot_state == KVP_PS_DRAINING) {
 			json_array_append_new(
-				failed, json_pack("{s:s, s:s}", "peer", pc->node_id, "why",
-						  "being removed: reload again once it has drained"));
+				failed,
+				json_pack("{s:s, s:s}", "peer", pc->node_id, "why",
+					  "being removed: reload again once it has drained"));
 			continue;
 		}
-		bool moved = !p->host[0] || p->port != pc->port || strcasecmp(p->host, pc->host) != 0;
+		bool moved =
+			!p->host[0] || p->port != pc->port || strcasecmp(p->host, pc->host) != 0;
 
 		if (!moved && p->origin == KVP_PEER_CONFIG)
 			continue;
@@ -68,7 +70,8 @@ reload_peers(struct kvp_node *n, const struct kvp_config *nc, json_t *o)
 
 		if (p->origin != KVP_PEER_CONFIG) {
 			/* Added at run time and now in the file: the file owns it from here on. */
-			json_object_set_new(c, "origin_was", json_string(peer_origin_name(p->origin)));
+			json_object_set_new(c, "origin_was",
+					    json_string(peer_origin_name(p->origin)));
 			p->origin = KVP_PEER_CONFIG;
 		}
 		if (moved) {
@@ -102,8 +105,8 @@ reload_keys(struct kvp_node *n, const struct kvp_config *nc, json_t *o)
 		kvp_config_get(&n->cfg, info.key, now, sizeof(now), NULL);
 		kvp_config_get(nc, info.key, file, sizeof(file), NULL);
 		/* Secrets read "(set)" either way: compare what they hold. */
-		bool differ = info.secret ? strcmp(n->cfg.auth_secret, nc->auth_secret) != 0
-					  : strcmp(now, file) != 0;
+		bool differ = info.secret ? strcmp(n->cfg.auth_secret, nc->auth_secret) != 0 :
+					    strcmp(now, file) != 0;
 
 		/* auth.secret and auth.secret_file hold one secret: report it once. */
 		if (!differ || (info.secret && secret_seen))
@@ -117,8 +120,8 @@ reload_keys(struct kvp_node *n, const struct kvp_config *nc, json_t *o)
 				json_object_set_new(f, "file", json_string(file));
 			}
 			json_array_append_new(fixed, f);
-			KVP_LOG(WARNING, core, "reload: %s not changed: %s (restart to apply)", info.key,
-				info.fixed);
+			KVP_LOG(WARNING, core, "reload: %s not changed: %s (restart to apply)",
+				info.key, info.fixed);
 			continue;
 		}
 		if (kvp_config_set(&n->cfg, info.key, file, why, sizeof(why)) < 0) {

@@ -714,7 +714,7 @@ class Client:
         # A peer that left the table: the names submit() cached for it name nothing now.
         gone = {c.peer for c in out if c.kind == "done" and c.status == Status.NO_PEER}
         if gone:
-            for name in [k for k, v in self._peers.items() if v in gone]:
+            for name in [k for k, v in list(self._peers.items()) if v in gone]:
                 self._peers.pop(name, None)
         return out
 

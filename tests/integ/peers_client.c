@@ -54,8 +54,7 @@ now_ns(void)
 	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-static void __attribute__((noreturn, format(printf, 1, 2)))
-die(const char *fmt, ...)
+static void __attribute__((noreturn, format(printf, 1, 2))) die(const char *fmt, ...)
 {
 	va_list ap;
 
@@ -71,7 +70,8 @@ die(const char *fmt, ...)
 static uint64_t
 uid_make(unsigned target, unsigned inc, uint64_t seq)
 {
-	return ((uint64_t)target << 56) | ((uint64_t)(inc & 0xffff) << 40) | (seq & 0xffffffffffull);
+	return ((uint64_t)target << 56) | ((uint64_t)(inc & 0xffff) << 40) |
+	       (seq & 0xffffffffffull);
 }
 
 static uint64_t
@@ -237,8 +237,9 @@ cmd_dest(const struct opts *o)
 			if (e[i].bytes != o->xfer || e[i].dst_key != key ||
 			    memcmp((uint8_t *)mem + slot * o->xfer, want, o->xfer) != 0) {
 				bad++;
-				fprintf(stderr, "dest: transfer %" PRIx64 " (%" PRIu64
-						" bytes) does not match\n",
+				fprintf(stderr,
+					"dest: transfer %" PRIx64 " (%" PRIu64
+					" bytes) does not match\n",
 					e[i].user_id, e[i].bytes);
 			} else {
 				verified++;
@@ -302,9 +303,9 @@ refresh_key(struct target *t, uint64_t now)
 	if (now < t->next_key_ns)
 		return;
 	t->next_key_ns = now + 20000000ull;
-	if (stat(t->key_file, &st) < 0 ||
-	    (t->nkeys && st.st_ino == t->key_st.st_ino && st.st_mtim.tv_sec == t->key_st.st_mtim.tv_sec &&
-	     st.st_mtim.tv_nsec == t->key_st.st_mtim.tv_nsec))
+	if (stat(t->key_file, &st) < 0 || (t->nkeys && st.st_ino == t->key_st.st_ino &&
+					   st.st_mtim.tv_sec == t->key_st.st_mtim.tv_sec &&
+					   st.st_mtim.tv_nsec == t->key_st.st_mtim.tv_nsec))
 		return;
 	f = fopen(t->key_file, "r");
 	if (!f)
@@ -390,14 +391,16 @@ report(const struct opts *o)
 				if (!r->status[s])
 					continue;
 				fprintf(f, "%s\"%s\": %" PRIu64, first ? "" : ", ",
-					s < KVP_STATUS_MAX ? kvp_status_str(s) : "unknown", r->status[s]);
+					s < KVP_STATUS_MAX ? kvp_status_str(s) : "unknown",
+					r->status[s]);
 				first = 0;
 			}
 			fprintf(f, "}, \"lookups\": %" PRIu64 "}\n", t->lookups);
 		}
 		if (t->nkeys == 0)
-			fprintf(f, "{\"name\": \"%s\", \"key\": 0, \"submitted\": 0, \"ok\": 0, "
-				   "\"bytes\": 0, \"status\": {}, \"lookups\": %" PRIu64 "}\n",
+			fprintf(f,
+				"{\"name\": \"%s\", \"key\": 0, \"submitted\": 0, \"ok\": 0, "
+				"\"bytes\": 0, \"status\": {}, \"lookups\": %" PRIu64 "}\n",
 				t->name, t->lookups);
 	}
 	fclose(f);
@@ -408,7 +411,8 @@ cmd_src(const struct opts *o)
 {
 	if (!o->sock || !o->xfer || !o->stop || !o->out || o->ntargets < 1 ||
 	    o->ntargets > TARGETS_MAX)
-		die("src: -s, --xfer, --stop, --out and 1..%d NAME=PEER=KEYFILE=SLOTS", TARGETS_MAX);
+		die("src: -s, --xfer, --stop, --out and 1..%d NAME=PEER=KEYFILE=SLOTS",
+		    TARGETS_MAX);
 	struct kvp_client *c = connect_to(o->sock);
 	uint64_t size = o->xfer * 64, src_key, gap = 1000000000ull / (o->rate ? o->rate : 1);
 	uint8_t *mem;
@@ -463,9 +467,10 @@ cmd_src(const struct opts *o)
 				uint64_t uid = uid_make((unsigned)i, inc, t->seq);
 				uint8_t *b = mem + (buf % 64) * o->xfer;
 				struct kvp_segment seg = { src_key, (buf % 64) * o->xfer,
-							   t->keys[inc].key, (t->seq % t->slots) * o->xfer,
-							   o->xfer };
-				struct kvp_xfer_desc x = { .user_id = uid, .peer = t->handle,
+							   t->keys[inc].key,
+							   (t->seq % t->slots) * o->xfer, o->xfer };
+				struct kvp_xfer_desc x = { .user_id = uid,
+							   .peer = t->handle,
 							   .timeout_ns = 5000000000ull };
 
 				/* A buffer is refilled only after 64 others: far more than in flight. */
@@ -479,13 +484,16 @@ cmd_src(const struct opts *o)
 				t->seq++;
 				t->inflight++;
 				t->keys[inc].submitted++;
-				t->next_submit_ns = (t->next_submit_ns > now - gap ? t->next_submit_ns : now) + gap;
+				t->next_submit_ns =
+					(t->next_submit_ns > now - gap ? t->next_submit_ns : now) +
+					gap;
 			}
 		}
 		if (stopping && inflight == 0)
 			break;
 		if (stopping && now > stop_deadline)
-			die("src: %" PRIu64 " transfers did not complete within 30 s of the stop", inflight);
+			die("src: %" PRIu64 " transfers did not complete within 30 s of the stop",
+			    inflight);
 		struct kvp_cqe e[64];
 		int n = kvp_wait(c, e, 64, 5);
 
