@@ -2,7 +2,7 @@
 /* Frame header validation: every field a peer controls is checked. */
 #include <errno.h>
 
-#include "check.h"
+#include "kvp_test.h"
 #include "kvp_core.h"
 
 int
@@ -73,5 +73,5 @@ main(void)
 	CHECK_EQ(kvp_wire_check(&h, 0), 0);
 	h.len = 1 << 30;
 	CHECK_EQ(kvp_wire_check(&h, 0), -EMSGSIZE);
-	return check_result("test_wire");
+	return kvp_test_result("test_wire");
 }
