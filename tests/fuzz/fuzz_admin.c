@@ -63,22 +63,15 @@ stub_cancel(void *tctx, struct kvp_xfer *x, int status)
 static void
 ensure_inflight(void)
 {
-	struct kvp_sqe_seg e[2];
-	struct kvp_sqe_xfer *h = (struct kvp_sqe_xfer *)&e[0];
-
 	if (held)
 		return;
-	memset(e, 0, sizeof(e));
-	h->op = KVP_OP_XFER;
-	h->nseg = 1;
-	h->user_id = next_uid++;
-	h->submit_ns = kvp_mono_ns();
-	h->timeout_ns = 3600ull * 1000000000;
-	e[1].op = KVP_OP_SEG;
-	e[1].src_key = cl.key;
-	e[1].len = SEG_LEN;
-	e[1].dst_key = 0x1234000000000001ull;
-	REQUIRE(kvp_ring_enqueue_bulk(&cl.conn.sq, e, 2) == 2, "client SQ full");
+	struct kvp_test_xfer x = { .user_id = next_uid++,
+				   .submit_ns = kvp_mono_ns(),
+				   .timeout_ns = 3600ull * 1000000000,
+				   .src_key = cl.key,
+				   .dst_key = 0x1234000000000001ull,
+				   .len = SEG_LEN };
+	REQUIRE(kvp_test_submit(&cl.conn.sq, &x) == 2, "client SQ full");
 	kvp_worker_poll_chans(w);
 	REQUIRE(held != NULL, "the worker did not pick up the transfer");
 }
@@ -122,14 +115,14 @@ check_shape(json_t *r)
 {
 	REQUIRE(json_is_object(r), "reply is not an object");
 	REQUIRE(json_is_string(json_object_get(r, "jsonrpc")) &&
-			    strcmp(json_string_value(json_object_get(r, "jsonrpc")), "2.0") == 0,
-		    "reply without \"jsonrpc\":\"2.0\"");
+			strcmp(json_string_value(json_object_get(r, "jsonrpc")), "2.0") == 0,
+		"reply without \"jsonrpc\":\"2.0\"");
 	json_t *res = json_object_get(r, "result"), *err = json_object_get(r, "error");
 	REQUIRE((res != NULL) != (err != NULL), "reply needs exactly one of result/error");
 	if (err)
 		REQUIRE(json_is_integer(json_object_get(err, "code")) &&
-				    json_is_string(json_object_get(err, "message")),
-			    "error without an integer code and a message");
+				json_is_string(json_object_get(err, "message")),
+			"error without an integer code and a message");
 	REQUIRE(json_object_get(r, "id") != NULL, "reply without an id");
 }
 
@@ -168,8 +161,8 @@ check_reply(json_t *q, const char *out, size_t rlen)
 		json_array_foreach(q, i, e)
 			owed += !is_notification(e);
 		REQUIRE(json_array_size(r) > 0 && json_array_size(r) <= owed,
-			    "batch of %zu requests (%zu owed a reply) got %zu replies",
-			    json_array_size(q), owed, json_array_size(r));
+			"batch of %zu requests (%zu owed a reply) got %zu replies",
+			json_array_size(q), owed, json_array_size(r));
 		json_array_foreach(r, i, e)
 			check_shape(e);
 		json_decref(r);
@@ -225,14 +218,14 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 				json_array_foreach(q, i, e)
 					silent &= is_notification(e);
 			}
-			REQUIRE(silent, "a request got no reply: %.*s", (int)(len < 200 ? len : 200),
-				    p);
+			REQUIRE(silent, "a request got no reply: %.*s",
+				(int)(len < 200 ? len : 200), p);
 		}
 		/* A request with an invalid id is not executed. */
 		if (json_is_object(q) && json_object_get(q, "id") && !valid_id(json_object_get(q, "id")))
 			REQUIRE(node.draining == was_draining &&
-					    memcmp(&cfg_before, &node.cfg, sizeof(cfg_before)) == 0,
-				    "a request with an invalid id was executed");
+					memcmp(&cfg_before, &node.cfg, sizeof(cfg_before)) == 0,
+				"a request with an invalid id was executed");
 		json_decref(q);
 		if (fuzz_verbose())
 			fprintf(stderr, "admin: %.*s -> %.*s\n", (int)(len < 100 ? len : 100), p,

@@ -191,8 +191,8 @@ fuzz_assert_reclaimed(const struct kvp_node *n, unsigned pool0)
 	REQUIRE(w->nfree == w->nxfers, "%u transfer slots leaked", w->nxfers - w->nfree);
 	for (uint32_t i = 0; i < n->regions.size; i++)
 		REQUIRE(atomic_load(&n->regions.slots[i].refs) == 0,
-			    "region slot %u keeps %u references", i,
-			    atomic_load(&n->regions.slots[i].refs));
+			"region slot %u keeps %u references", i,
+			atomic_load(&n->regions.slots[i].refs));
 	REQUIRE(rte_mempool_avail_count(n->msg_pool) == pool0, "control messages leaked");
 }
 

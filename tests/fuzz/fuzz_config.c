@@ -85,39 +85,38 @@ check_loaded(struct kvp_config *cfg)
 		REQUIRE(valid_id(p->node_id, sizeof(p->node_id)), "peer %u id", i);
 		REQUIRE(strcmp(p->node_id, cfg->node_id) != 0, "peer %u is this node", i);
 		REQUIRE(p->port != 0 && strnlen(p->host, sizeof(p->host)) < sizeof(p->host) &&
-				    p->host[0] != '\0',
-			    "peer %u address", i);
+				p->host[0] != '\0',
+			"peer %u address", i);
 		for (uint32_t j = 0; j < i; j++)
-			REQUIRE(strcmp(cfg->peers[j].node_id, p->node_id) != 0,
-				    "duplicate peer %s", p->node_id);
+			REQUIRE(strcmp(cfg->peers[j].node_id, p->node_id) != 0, "duplicate peer %s",
+				p->node_id);
 	}
 	REQUIRE(cfg->listen_port != 0 && cfg->listen_host[0] != '\0', "listen address");
 	REQUIRE(strnlen(cfg->listen_host, sizeof(cfg->listen_host)) < sizeof(cfg->listen_host),
-		    "listen host unterminated");
+		"listen host unterminated");
 	REQUIRE(strnlen(cfg->client_socket, sizeof(cfg->client_socket)) <
-				    sizeof(cfg->client_socket) &&
-			    strnlen(cfg->admin_socket, sizeof(cfg->admin_socket)) <
-				    sizeof(cfg->admin_socket) &&
-			    cfg->client_socket[0] && cfg->admin_socket[0],
-		    "socket paths");
+				sizeof(cfg->client_socket) &&
+			strnlen(cfg->admin_socket, sizeof(cfg->admin_socket)) <
+				sizeof(cfg->admin_socket) &&
+			cfg->client_socket[0] && cfg->admin_socket[0],
+		"socket paths");
 	REQUIRE(strnlen(cfg->auth_secret, sizeof(cfg->auth_secret)) < sizeof(cfg->auth_secret),
-		    "secret unterminated");
+		"secret unterminated");
 	REQUIRE(pow2(cfg->sq_entries) && pow2(cfg->cq_entries), "ring sizes");
 	REQUIRE(cfg->sq_entries > cfg->max_segments, "sq_entries <= max_segments");
 	REQUIRE(cfg->stage_buf && cfg->stage_pool / cfg->stage_buf >= 4, "staging pool");
 	REQUIRE(cfg->transport >= KVP_TRANSPORT_TCP && cfg->transport <= KVP_TRANSPORT_AUTO,
-		    "transport %d", cfg->transport);
+		"transport %d", cfg->transport);
 
 	/* Every key through the table: integers within their bounds, values printable. */
 	for (unsigned i = 0; kvp_config_describe(i, &info) == 0; i++) {
-		REQUIRE(kvp_config_get(cfg, info.key, v, sizeof(v), NULL) == 0, "get %s",
-			    info.key);
+		REQUIRE(kvp_config_get(cfg, info.key, v, sizeof(v), NULL) == 0, "get %s", info.key);
 		if (info.kind == KVP_CONF_INT) {
 			char *end;
 			unsigned long long x = strtoull(v, &end, 10);
 
 			REQUIRE(*end == '\0' && x >= info.min && x <= info.max,
-				    "%s = %s outside [%u, %u]", info.key, v, info.min, info.max);
+				"%s = %s outside [%u, %u]", info.key, v, info.min, info.max);
 		}
 	}
 	/* Out-of-bounds runtime values are refused and change nothing. */
@@ -129,7 +128,7 @@ check_loaded(struct kvp_config *cfg)
 		kvp_config_get(cfg, info.key, before, sizeof(before), NULL);
 		snprintf(big, sizeof(big), "%llu", (unsigned long long)info.max + 1);
 		REQUIRE(kvp_config_set(cfg, info.key, big, why, sizeof(why)) == -EINVAL,
-			    "%s accepted %s", info.key, big);
+			"%s accepted %s", info.key, big);
 		kvp_config_get(cfg, info.key, after, sizeof(after), NULL);
 		REQUIRE(strcmp(before, after) == 0, "refused set of %s changed it", info.key);
 	}
@@ -144,13 +143,12 @@ check_error(const char *err, size_t errlen)
 	if (errlen < plen + 32)
 		return;
 	REQUIRE(strncmp(err, path, plen) == 0 && err[plen] == ':',
-		    "error does not start with the path: '%s'", err);
+		"error does not start with the path: '%s'", err);
 	const char *p = err + plen + 1;
 	REQUIRE(isdigit((unsigned char)*p), "error without a line number: '%s'", err);
 	while (isdigit((unsigned char)*p))
 		p++;
-	REQUIRE(p[0] == ':' && p[1] == ' ' && p[2] != '\0', "error without a message: '%s'",
-		    err);
+	REQUIRE(p[0] == ':' && p[1] == ' ' && p[2] != '\0', "error without a message: '%s'", err);
 }
 
 int
@@ -170,7 +168,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	if (memmem(data, size, "/dev/", 5) || memmem(data, size, "/proc/", 6))
 		return 0;
 	REQUIRE(ftruncate(cfd, 0) == 0 && pwrite(cfd, data, size, 0) == (ssize_t)size,
-		    "writing the config");
+		"writing the config");
 	err = malloc(errlen); /* exact size: ASan sees any overrun */
 	REQUIRE(err != NULL, "out of memory");
 	memset(err, 0x7f, errlen);

@@ -94,22 +94,22 @@ check_posted(const struct kvp_xfer *x)
 
 		REQUIRE(s->src != NULL, "segment %u without a source region", i);
 		REQUIRE(s->src->owner == x->chan->id,
-			    "segment %u reads region of client %#x for client %#x", i,
-			    s->src->owner, x->chan->id);
+			"segment %u reads region of client %#x for client %#x", i, s->src->owner,
+			x->chan->id);
 		REQUIRE(s->src == reg_own, "segment %u: not the client's region", i);
-		REQUIRE(s->count >= 1 && s->count <= node.cfg.max_blocks, "segment %u: %" PRIu64
-			    " blocks", i, s->count);
+		REQUIRE(s->count >= 1 && s->count <= node.cfg.max_blocks,
+			"segment %u: %" PRIu64 " blocks", i, s->count);
 		REQUIRE(s->count == 1 || (s->src_stride >= s->len && s->dst_stride >= s->len),
-			    "segment %u: overlapping blocks", i);
+			"segment %u: overlapping blocks", i);
 		/* Small values by construction of the checks: no overflow here. */
 		uint64_t last = (s->count - 1) * s->src_stride;
 		REQUIRE(kvp_region_contains(s->src, s->src_off + last, s->len) &&
-				    s->src_off + last >= s->src_off,
-			    "segment %u [%" PRIu64 ", +%" PRIu64 " x %" PRIu64 ") outside the region",
-			    i, s->src_off, s->len, s->count);
+				s->src_off + last >= s->src_off,
+			"segment %u [%" PRIu64 ", +%" PRIu64 " x %" PRIu64 ") outside the region",
+			i, s->src_off, s->len, s->count);
 		REQUIRE(s->dst_key != 0 &&
-				    s->dst_off + (s->count - 1) * s->dst_stride + s->len >= s->dst_off,
-			    "segment %u: bad destination", i);
+				s->dst_off + (s->count - 1) * s->dst_stride + s->len >= s->dst_off,
+			"segment %u: bad destination", i);
 		/* Touch both ends of the first and the last block: outside the mapping this faults. */
 		volatile const uint8_t *b = s->src->base;
 		(void)b[s->src_off];
@@ -182,7 +182,7 @@ stub_fence(void *tctx, const struct kvp_fence *f, bool force)
 {
 	(void)tctx;
 	REQUIRE(f->mask != 0 && (f->value & ~f->mask) == 0 && f->owner == CLIENT_ID,
-		    "fence %#" PRIx64 "/%#" PRIx64 " of client %#x", f->value, f->mask, f->owner);
+		"fence %#" PRIx64 "/%#" PRIx64 " of client %#x", f->value, f->mask, f->owner);
 	if (force || winding || fence_busy_calls == 0)
 		return 0;
 	fence_busy_calls--;
@@ -432,9 +432,8 @@ check_cqe(struct client *c, const struct kvp_cqe *e)
 		return;
 	}
 	if (e->kind == KVP_CQE_FENCE) {
-		REQUIRE(e->status == KVP_OK || e->status == KVP_EINVAL ||
-				    e->status == KVP_ENOBUFS,
-			    "fence %#" PRIx64 " ended %s", e->user_id, kvp_status_str(e->status));
+		REQUIRE(e->status == KVP_OK || e->status == KVP_EINVAL || e->status == KVP_ENOBUFS,
+			"fence %#" PRIx64 " ended %s", e->user_id, kvp_status_str(e->status));
 		fences_done++;
 		return;
 	}
@@ -449,9 +448,9 @@ check_cqe(struct client *c, const struct kvp_cqe *e)
 			    owed[i].nseg == e->nseg)
 				break;
 		REQUIRE(i < nowed,
-			    "success completion (user_id %#" PRIx64 ", %" PRIu64
-			    " bytes) for a transfer the transport never completed",
-			    e->user_id, e->bytes);
+			"success completion (user_id %#" PRIx64 ", %" PRIu64
+			" bytes) for a transfer the transport never completed",
+			e->user_id, e->bytes);
 		owed[i] = owed[--nowed];
 	}
 	if (c->sq_clean && e->user_id >= UID_TAG && e->user_id < UID_TAG + nbuilt) {
@@ -460,18 +459,18 @@ check_cqe(struct client *c, const struct kvp_cqe *e)
 		switch (expect_of[e->user_id - UID_TAG]) {
 		case EXP_INVALID:
 			REQUIRE(s == KVP_EINVAL || s == KVP_ENOBUFS,
-				    "malformed transfer %#" PRIx64 " ended %s", e->user_id,
-				    kvp_status_str(s));
+				"malformed transfer %#" PRIx64 " ended %s", e->user_id,
+				kvp_status_str(s));
 			break;
 		case EXP_NOPEER:
 			REQUIRE(s == KVP_ENOPEER || s == KVP_ENOBUFS || s == KVP_ETIMEDOUT,
-				    "transfer %#" PRIx64 " to an unknown peer ended %s", e->user_id,
-				    kvp_status_str(s));
+				"transfer %#" PRIx64 " to an unknown peer ended %s", e->user_id,
+				kvp_status_str(s));
 			break;
 		default:
 			REQUIRE(s != KVP_EINVAL && s != KVP_ENOPEER,
-				    "well-formed transfer %#" PRIx64 " ended %s", e->user_id,
-				    kvp_status_str(s));
+				"well-formed transfer %#" PRIx64 " ended %s", e->user_id,
+				kvp_status_str(s));
 			break;
 		}
 	}
@@ -573,14 +572,13 @@ op_poll(struct client *c)
 
 	kvp_worker_poll_chans(w);
 	if (was_broken) {
-		REQUIRE(atomic_load(&c->hdr->sq.cons) == cons,
-			    "a broken channel was read again");
+		REQUIRE(atomic_load(&c->hdr->sq.cons) == cons, "a broken channel was read again");
 	} else if (prod - cons > c->sq.size) {
 		REQUIRE(ch->broken, "SQ prod %u with cons %u (size %u) not flagged", prod, cons,
-			    c->sq.size);
+			c->sq.size);
 	}
 	REQUIRE(atomic_load(&c->hdr->sq.cons) - cons <= c->sq.size,
-		    "daemon consumed more than the ring holds");
+		"daemon consumed more than the ring holds");
 }
 
 int
@@ -712,13 +710,12 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	if (!c.ch->broken && c.cq_clean) {
 		REQUIRE(c.ch->backlog_head == NULL, "completions stuck in the backlog");
 		REQUIRE(c.cqes == picked + refused,
-			    "%" PRIu64 " completions for %" PRIu64 " transfers + %" PRIu64
-			    " refusals",
-			    c.cqes, picked, refused);
+			"%" PRIu64 " completions for %" PRIu64 " transfers + %" PRIu64 " refusals",
+			c.cqes, picked, refused);
 		REQUIRE(nowed == 0, "%u successful transfers never completed", nowed);
 		if (c.sq_clean)
 			REQUIRE(fences_done == fences_sent, "%u fences, %u fence completions",
-				    fences_sent, fences_done);
+				fences_sent, fences_done);
 	}
 	REQUIRE(c.ch->inflight == 0, "channel still counts %u in flight", c.ch->inflight);
 	/* A channel that broke outside a poll (CQ tampering seen by a timer) is reported at the next one. */
@@ -730,7 +727,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	fuzz_drain_outbox(&node, 0, &ob);
 	REQUIRE(ob.chan_gone == 1, "no CHAN_GONE after CHAN_DEL");
 	REQUIRE(ob.chan_broken == (c.ch->broken ? 1u : 0u), "CHAN_BROKEN sent %u times",
-		    ob.chan_broken);
+		ob.chan_broken);
 	REQUIRE(w->nchans == 0, "worker still holds %u channels", w->nchans);
 	fuzz_assert_reclaimed(&node, pool0);
 	if (read(notify_fd, &v, sizeof(v)) < 0) {

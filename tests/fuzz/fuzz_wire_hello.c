@@ -95,8 +95,8 @@ fuzz_check(struct fuzz_in *in)
 			REQUIRE(h.len == sizeof(struct kvp_wire_hello), "HELLO len %u", h.len);
 		else if (h.type == KVP_W_DATA)
 			REQUIRE(h.len > 0 && h.len <= frame_max && h.off + h.len >= h.off,
-				    "DATA len %u off %" PRIu64 " frame_max %u", h.len, h.off,
-				    frame_max);
+				"DATA len %u off %" PRIu64 " frame_max %u", h.len, h.off,
+				frame_max);
 		else if (h.type == KVP_W_RDMA_QP || h.type == KVP_W_RDMA_QP_OK)
 			REQUIRE(h.len == sizeof(struct kvp_wire_qp), "QP len %u", h.len);
 		else if (h.type == KVP_W_RDMA_GRANT)
@@ -104,10 +104,9 @@ fuzz_check(struct fuzz_in *in)
 		else
 			REQUIRE(h.len == 0, "control frame with payload %u", h.len);
 	} else {
-		REQUIRE(rc == -EBADMSG || rc == -EPROTONOSUPPORT || rc == -EMSGSIZE, "rc %d",
-			    rc);
+		REQUIRE(rc == -EBADMSG || rc == -EPROTONOSUPPORT || rc == -EMSGSIZE, "rc %d", rc);
 		REQUIRE(!(magic && ver && type) || rc != -EPROTONOSUPPORT,
-			    "good version refused as unsupported");
+			"good version refused as unsupported");
 	}
 }
 
@@ -196,7 +195,7 @@ run_acceptor(struct fuzz_in *in, bool secret)
 	int sp[2];
 
 	REQUIRE(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, sp) == 0,
-		    "socketpair");
+		"socketpair");
 	/* What kvp_peer_accept() does with a new connection. */
 	pc->fd = sp[0];
 	pc->have = 0;
@@ -221,21 +220,19 @@ run_acceptor(struct fuzz_in *in, bool secret)
 	int want = acceptable_hello(sent, total, secret);
 	if (attached_peer >= 0) {
 		REQUIRE(!attached_out, "accepted connection handed over as outgoing");
-		REQUIRE(
-			want == attached_peer,
+		REQUIRE(want == attached_peer,
 			"handed over a connection the HELLO did not earn (peer %d, expected %d)",
 			attached_peer, want);
 		if (secret) {
 			struct kvp_wire_hello first, proof;
 			uint8_t mac[32];
 
-			REQUIRE(total >= 2 * HELLO_LEN,
-				    "authenticated without a proof message");
+			REQUIRE(total >= 2 * HELLO_LEN, "authenticated without a proof message");
 			memcpy(&first, sent + sizeof(struct kvp_wire_hdr), sizeof(first));
 			memcpy(&proof, sent + HELLO_LEN + sizeof(struct kvp_wire_hdr),
 			       sizeof(proof));
-			kvp_test_hello_mac(SECRET, 'D', fixed_nonce, first.nonce, node.cfg.peers[want].node_id,
-			     node.cfg.node_id, mac);
+			kvp_test_hello_mac(SECRET, 'D', fixed_nonce, first.nonce,
+					   node.cfg.peers[want].node_id, node.cfg.node_id, mac);
 			REQUIRE(memcmp(mac, proof.mac, 32) == 0, "accepted a wrong proof");
 		}
 		node.peers[attached_peer].in_up = 0;
@@ -259,7 +256,7 @@ run_dialer(struct fuzz_in *in, bool secret, uint16_t i)
 	int sp[2];
 
 	REQUIRE(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, sp) == 0,
-		    "socketpair");
+		"socketpair");
 	/* Where kvp_peer_out_event() stands after connecting and sending our HELLO. */
 	p->out_fd = sp[0];
 	p->out_state = KVP_LINK_HELLO;
@@ -296,20 +293,20 @@ run_dialer(struct fuzz_in *in, bool secret, uint16_t i)
 		memcpy(&h, sent, sizeof(h));
 		memcpy(&m, sent + sizeof(h), sizeof(m));
 		REQUIRE(h.magic == KVP_WIRE_MAGIC && h.type == KVP_W_HELLO && m.status == 0 &&
-				    strncmp(m.node_id, node.cfg.peers[i].node_id,
-					    sizeof(m.node_id)) == 0,
-			    "handed over after a HELLO reply that should fail");
+				strncmp(m.node_id, node.cfg.peers[i].node_id, sizeof(m.node_id)) ==
+					0,
+			"handed over after a HELLO reply that should fail");
 		if (secret) {
 			uint8_t mac[32];
 
-			kvp_test_hello_mac(SECRET, 'A', fixed_nonce, m.nonce, node.cfg.peers[i].node_id, node.cfg.node_id,
-			     mac);
+			kvp_test_hello_mac(SECRET, 'A', fixed_nonce, m.nonce,
+					   node.cfg.peers[i].node_id, node.cfg.node_id, mac);
 			REQUIRE((m.flags & KVP_HELLO_F_AUTH) && memcmp(mac, m.mac, 32) == 0,
-				    "accepted a reply with a wrong proof");
+				"accepted a reply with a wrong proof");
 		}
 	} else {
 		REQUIRE(p->out_state == KVP_LINK_DOWN && p->out_fd < 0,
-			    "failed handshake left state %d fd %d", p->out_state, p->out_fd);
+			"failed handshake left state %d fd %d", p->out_state, p->out_fd);
 	}
 	w->peer_links[i] = 0;
 	p->out_up = 0;

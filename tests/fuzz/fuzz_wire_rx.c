@@ -65,7 +65,7 @@ check_canaries(int r)
 		if (i == REG_OFF)
 			i = REG_OFF + REG_LEN;
 		REQUIRE(v[i] == CANARY, "region %d: byte %u outside [%u, %u) written", r, i,
-			    REG_OFF, REG_OFF + REG_LEN);
+			REG_OFF, REG_OFF + REG_LEN);
 	}
 }
 
@@ -90,12 +90,13 @@ LLVMFuzzerInitialize(int *argc, char ***argv)
 		void *map;
 		int fd;
 
-		REQUIRE(kvp_test_memfd("fuzz-rx-region", MEMFD_LEN, false, &fd, &map) == 0, "memfd");
+		REQUIRE(kvp_test_memfd("fuzz-rx-region", MEMFD_LEN, false, &fd, &map) == 0,
+			"memfd");
 		view[r] = map;
 		paint(view[r]);
 		/* Unsealed, as a careless client would; sealed if the daemon insists. */
-		int rc =
-			kvp_region_add(&node.regions, cl.conn.id, fd, REG_OFF, REG_LEN, flags, &keys[r]);
+		int rc = kvp_region_add(&node.regions, cl.conn.id, fd, REG_OFF, REG_LEN, flags,
+					&keys[r]);
 		if (rc < 0 && fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK) == 0)
 			rc = kvp_region_add(&node.regions, cl.conn.id, fd, REG_OFF, REG_LEN, flags,
 					    &keys[r]);
@@ -135,22 +136,15 @@ settle(struct tcp_conn *c, int remote, int rounds)
 static void
 submit_one(void)
 {
-	struct kvp_sqe_seg e[2];
-	struct kvp_sqe_xfer *h = (struct kvp_sqe_xfer *)&e[0];
 	static uint64_t uid;
+	struct kvp_test_xfer x = { .user_id = ++uid,
+				   .submit_ns = kvp_mono_ns(),
+				   .timeout_ns = 3600ull * 1000000000,
+				   .src_key = keys[0],
+				   .dst_key = FUZZ_KEY(7),
+				   .len = SEND_LEN };
 
-	memset(e, 0, sizeof(e));
-	h->op = KVP_OP_XFER;
-	h->nseg = 1;
-	h->user_id = ++uid;
-	h->submit_ns = kvp_mono_ns();
-	h->timeout_ns = 3600ull * 1000000000;
-	e[1].op = KVP_OP_SEG;
-	e[1].src_key = keys[0];
-	e[1].src_off = 0;
-	e[1].len = SEND_LEN;
-	e[1].dst_key = FUZZ_KEY(7);
-	REQUIRE(kvp_ring_enqueue_bulk(&cl.conn.sq, e, 2) == 2, "client SQ full");
+	REQUIRE(kvp_test_submit(&cl.conn.sq, &x) == 2, "client SQ full");
 }
 
 static void
@@ -162,21 +156,19 @@ read_cq(bool outgoing)
 	while ((n = kvp_ring_dequeue_burst(&cl.conn.cq, c, 16)) > 0) {
 		for (int i = 0; i < n; i++) {
 			REQUIRE(c[i].status >= 0 && c[i].status < KVP_STATUS_MAX, "status %d",
-				    c[i].status);
+				c[i].status);
 			if (c[i].kind == KVP_CQE_LANDED) {
-				REQUIRE(!outgoing,
-					    "landing notice from an outgoing connection");
+				REQUIRE(!outgoing, "landing notice from an outgoing connection");
 				REQUIRE(c[i].status == KVP_OK &&
-						    (c[i].dst_key == keys[0] ||
-						     c[i].dst_key == keys[1]) &&
-						    c[i].bytes <= (uint64_t)REG_LEN * 64,
-					    "bad landing notice (key %#" PRIx64 ", %" PRIu64
-					    " bytes)",
-					    c[i].dst_key, c[i].bytes);
+						(c[i].dst_key == keys[0] ||
+						 c[i].dst_key == keys[1]) &&
+						c[i].bytes <= (uint64_t)REG_LEN * 64,
+					"bad landing notice (key %#" PRIx64 ", %" PRIu64 " bytes)",
+					c[i].dst_key, c[i].bytes);
 			} else {
 				REQUIRE(c[i].kind == KVP_CQE_DONE, "CQE kind %u", c[i].kind);
 				REQUIRE(c[i].status != KVP_OK || c[i].bytes == SEND_LEN,
-					    "done with %" PRIu64 " bytes", c[i].bytes);
+					"done with %" PRIu64 " bytes", c[i].bytes);
 			}
 		}
 	}
@@ -207,8 +199,9 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	REQUIRE(c->state == CONN_FREE, "connection slot still busy from the last input");
 	REQUIRE(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp) == 0, "socketpair");
 	/* What the worker does with a CONN_ADD from the handshake. */
-	REQUIRE(w->tp[0].ops->attach(w->tp[0].tctx, 0, 0, sp[0], outgoing, 0x5a5a5a5a5a5a5a5aull) == 0,
-		    "attach");
+	REQUIRE(w->tp[0].ops->attach(w->tp[0].tctx, 0, 0, sp[0], outgoing, 0x5a5a5a5a5a5a5a5aull) ==
+			0,
+		"attach");
 	/* Every slot is free between inputs: restart generations so tags repeat (ACK tag 0). */
 	for (uint32_t i = 0; i < w->nxfers; i++)
 		w->xfers[i].gen = 0;
@@ -241,9 +234,9 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	/* The remote hangs up: the connection must drain and free its slot. */
 	shutdown(sp[1], SHUT_WR);
 	REQUIRE(settle(c, sp[1], 10000),
-		    "connection did not close after the remote hung up "
-		    "(rx_state %d, ops %u)",
-		    c->rx_state, c->ops);
+		"connection did not close after the remote hung up "
+		"(rx_state %d, ops %u)",
+		c->rx_state, c->ops);
 	close(sp[1]);
 	w->peer_links[0] = 0;
 	kvp_worker_inbox(w);
@@ -271,7 +264,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	check_canaries(0);
 	check_canaries(1);
 	REQUIRE(w->stats.stage_used == 0, "%" PRIu64 " staging buffers still held",
-		    w->stats.stage_used);
+		w->stats.stage_used);
 	fuzz_assert_reclaimed(&node, pool0);
 	REQUIRE(fuzz_lowest_fd() == fd0, "fd leaked");
 	return 0;

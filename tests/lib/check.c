@@ -34,16 +34,22 @@ kvp_test_abort(const char *file, int line, const char *cond, const char *fmt, ..
 	abort();
 }
 
+static void
+vsay(const char *what, const char *fmt, va_list ap)
+{
+	fprintf(stderr, "%s: ", what);
+	vfprintf(stderr, fmt, ap);
+	fputc('\n', stderr);
+}
+
 void
 kvp_test_setup_failed(const char *fmt, ...)
 {
 	va_list ap;
 
-	fputs("SETUP FAILED: ", stderr);
 	va_start(ap, fmt);
-	vfprintf(stderr, fmt, ap);
+	vsay("SETUP FAILED", fmt, ap);
 	va_end(ap);
-	fputc('\n', stderr);
 	exit(99);
 }
 
@@ -52,11 +58,9 @@ kvp_test_skip(const char *fmt, ...)
 {
 	va_list ap;
 
-	fputs("SKIP: ", stderr);
 	va_start(ap, fmt);
-	vfprintf(stderr, fmt, ap);
+	vsay("SKIP", fmt, ap);
 	va_end(ap);
-	fputc('\n', stderr);
 	exit(77);
 }
 

@@ -1,9 +1,10 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
- * The client control protocol spoken by hand from kvp_rings.h: fixed
- * 256-byte requests and replies on a UNIX stream socket, descriptors by
- * SCM_RIGHTS. For clients that must not be libkvproxy (rogue clients, fuzz
- * harnesses that play both ends on one thread).
+ * The client protocol spoken by hand from kvp_rings.h: fixed 256-byte
+ * control requests and replies on a UNIX stream socket, descriptors by
+ * SCM_RIGHTS, and transfers on the SQ. For clients that must not be
+ * libkvproxy (rogue clients, fuzz harnesses that play both ends on one
+ * thread, the worker's unit test).
  */
 #include <errno.h>
 #include <stdio.h>
@@ -48,8 +49,7 @@ kvp_test_send_fds(int sock, const void *buf, size_t n, const int *fds, unsigned 
 }
 
 long
-kvp_test_recv_fds(int sock, void *buf, size_t n, int *fds, unsigned *nfds, unsigned max,
-		  int flags)
+kvp_test_recv_fds(int sock, void *buf, size_t n, int *fds, unsigned *nfds, unsigned max, int flags)
 {
 	union fd_cmsg u;
 	struct iovec iov = { .iov_base = buf, .iov_len = n };
@@ -239,4 +239,26 @@ kvp_test_doorbell(struct kvp_test_conn *c)
 	if (write(c->doorbell, &one, sizeof(one)) < 0) {
 		/* EAGAIN: the counter is saturated; the daemon wakes anyway. */
 	}
+}
+
+int
+kvp_test_submit(struct kvp_ring *sq, const struct kvp_test_xfer *x)
+{
+	struct kvp_sqe_seg e[2];
+	struct kvp_sqe_xfer *h = (struct kvp_sqe_xfer *)&e[0];
+
+	memset(e, 0, sizeof(e));
+	h->op = KVP_OP_XFER;
+	h->peer = x->peer;
+	h->nseg = 1;
+	h->user_id = x->user_id;
+	h->submit_ns = x->submit_ns;
+	h->timeout_ns = x->timeout_ns;
+	e[1].op = KVP_OP_SEG;
+	e[1].src_key = x->src_key;
+	e[1].src_off = x->src_off;
+	e[1].dst_key = x->dst_key;
+	e[1].dst_off = x->dst_off;
+	e[1].len = x->len;
+	return kvp_ring_enqueue_bulk(sq, e, 2);
 }

@@ -57,10 +57,10 @@ _Noreturn void kvp_test_skip(const char *fmt, ...) __attribute__((format(printf,
 int kvp_test_result(const char *name);
 
 /** A condition that must hold; the test goes on either way. */
-#define CHECK(c)                                                        \
-	do {                                                            \
-		if (!(c))                                               \
-			kvp_test_fail(__FILE__, __LINE__, "%s", #c);    \
+#define CHECK(c)                                                     \
+	do {                                                         \
+		if (!(c))                                            \
+			kvp_test_fail(__FILE__, __LINE__, "%s", #c); \
 	} while (0)
 
 /** @p got must equal @p want (compared as long long, both printed). */
@@ -73,10 +73,10 @@ int kvp_test_result(const char *name);
 	} while (0)
 
 /** An invariant (fuzzers) or a set-up step: print why and abort if @p c is false. */
-#define REQUIRE(c, ...)                                                        \
-	do {                                                                   \
-		if (!(c))                                                      \
-			kvp_test_abort(__FILE__, __LINE__, #c, __VA_ARGS__);   \
+#define REQUIRE(c, ...)                                                      \
+	do {                                                                 \
+		if (!(c))                                                    \
+			kvp_test_abort(__FILE__, __LINE__, #c, __VA_ARGS__); \
 	} while (0)
 
 /* ---- clocks (CLOCK_MONOTONIC, the clock of submit_ns and kvp_mono_ns()) ---- */
@@ -146,6 +146,9 @@ uint64_t kvp_test_bytes_diff(const void *a, const void *b, size_t n, size_t *fir
  */
 int kvp_test_parse_u64(const char *s, uint64_t *v);
 
+/** Sort @p n numbers in ascending order (latencies, before percentiles). */
+void kvp_test_sort_u64(uint64_t *v, size_t n);
+
 /**
  * Publish a region key for another process: "0x%016x\n" written to
  * @p path.tmp and renamed over @p path, so a reader never sees half a key.
@@ -202,7 +205,7 @@ struct kvp_test_conn {
 	struct kvp_chan_hdr *hdr;
 	struct kvp_ring sq; /**< client view: producer */
 	struct kvp_ring cq; /**< client view: consumer */
-	uint32_t id;	    /**< client id from the HELLO reply */
+	uint32_t id;        /**< client id from the HELLO reply */
 	uint32_t max_segs;
 	uint64_t seq; /**< of the last request */
 	/**
@@ -246,6 +249,26 @@ int kvp_test_peer_lookup(struct kvp_test_conn *c, const char *node_id, uint16_t 
 
 /** Ring the SQ doorbell, whether or not the daemon sleeps (a rogue need not be polite). */
 void kvp_test_doorbell(struct kvp_test_conn *c);
+
+/** One transfer of one contiguous segment, as a client puts it on its SQ. */
+struct kvp_test_xfer {
+	uint16_t peer;
+	uint64_t user_id;
+	uint64_t submit_ns;  /**< 0: none (the daemon stamps its pickup) */
+	uint64_t timeout_ns; /**< 0: the daemon's default */
+	uint64_t src_key;
+	uint64_t src_off;
+	uint64_t dst_key;
+	uint64_t dst_off;
+	uint64_t len;
+};
+
+/**
+ * Publish @p x on @p sq (a client's producer view) by hand: header and
+ * segment entry at once, as the ABI requires.
+ * @return 2 (entries published); 0 (no room); -EPROTO (the ring's indices are corrupt)
+ */
+int kvp_test_submit(struct kvp_ring *sq, const struct kvp_test_xfer *x);
 
 /* ---- the peer handshake ---- */
 

@@ -342,7 +342,7 @@ check_seq(const uint8_t *buf, uint32_t esize, uint64_t first, uint32_t n, int li
 
 		if (why != NULL) {
 			kvp_test_fail(__FILE__, line, "entry %" PRIu64 ": %s (got seq %" PRIu64 ")",
-				first + i, why, entry_seq(buf + (size_t)i * esize));
+				      first + i, why, entry_seq(buf + (size_t)i * esize));
 			return;
 		}
 	}
@@ -695,16 +695,17 @@ test_status_str(void)
 		const char *got = kvp_status_str(s);
 
 		if (want[s] == NULL || got == NULL || strcmp(got, want[s]) != 0)
-			kvp_test_fail(__FILE__, __LINE__, "kvp_status_str(%d) is \"%s\", want \"%s\"", s,
-				got ? got : "(null)", want[s] ? want[s] : "(test table)");
+			kvp_test_fail(__FILE__, __LINE__,
+				      "kvp_status_str(%d) is \"%s\", want \"%s\"", s,
+				      got ? got : "(null)", want[s] ? want[s] : "(test table)");
 	}
 	for (size_t i = 0; i < sizeof(out_of_range) / sizeof(out_of_range[0]); i++) {
 		const char *got = kvp_status_str(out_of_range[i]);
 
 		if (got == NULL || strcmp(got, "unknown") != 0)
 			kvp_test_fail(__FILE__, __LINE__,
-				"kvp_status_str(%d) is \"%s\", want \"unknown\"", out_of_range[i],
-				got ? got : "(null)");
+				      "kvp_status_str(%d) is \"%s\", want \"unknown\"",
+				      out_of_range[i], got ? got : "(null)");
 	}
 }
 
@@ -1048,9 +1049,11 @@ test_two_process(uint64_t total)
 	if (waitpid(pid, &status, 0) != pid)
 		setup_failed("waitpid");
 	if (WIFSIGNALED(status))
-		kvp_test_fail(__FILE__, __LINE__, "client process killed by signal %d", WTERMSIG(status));
+		kvp_test_fail(__FILE__, __LINE__, "client process killed by signal %d",
+			      WTERMSIG(status));
 	else if (WEXITSTATUS(status) != 0)
-		kvp_test_fail(__FILE__, __LINE__, "client process exited with %d", WEXITSTATUS(status));
+		kvp_test_fail(__FILE__, __LINE__, "client process exited with %d",
+			      WEXITSTATUS(status));
 	if (ok) {
 		CHECK_EQ(atomic_load(&((struct kvp_chan_hdr *)mem)->sq.prod), (uint32_t)total);
 		CHECK_EQ(atomic_load(&((struct kvp_chan_hdr *)mem)->cq.cons), (uint32_t)total);

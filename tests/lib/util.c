@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
-/* Numbers from the command line, key files between processes, sealed memfds. */
+/* Numbers from the command line, sorting, key files between processes, sealed memfds. */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -32,6 +32,20 @@ kvp_test_parse_u64(const char *s, uint64_t *v)
 		return -ERANGE;
 	*v = (uint64_t)x << shift;
 	return 0;
+}
+
+static int
+cmp_u64(const void *a, const void *b)
+{
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+
+	return x < y ? -1 : x > y;
+}
+
+void
+kvp_test_sort_u64(uint64_t *v, size_t n)
+{
+	qsort(v, n, sizeof(*v), cmp_u64);
 }
 
 int
