@@ -19,9 +19,12 @@ import sys
 import unittest
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
 
 import kvproxy  # noqa: E402
+import test_binding as tb  # noqa: E402  (asan_reexec: a sanitized libkvproxy needs the ASan runtime first)
 from kvproxy import _status  # noqa: E402
 
 
@@ -90,6 +93,7 @@ class StatusTableTest(unittest.TestCase):
 
 
 def main() -> int:
+    tb.asan_reexec()
     try:
         kvproxy._lib.load()
     except kvproxy.LibraryNotFoundError as e:
