@@ -95,7 +95,7 @@ LLVMFuzzerInitialize(int *argc, char ***argv)
 	(void)argv;
 	fuzz_config(&cfg);
 	/* Post keeps one transfer in flight, for status, transfers and cancel to see. */
-	stub_ops = fuzz_stub_ops;
+	stub_ops = kvp_test_stub_ops;
 	stub_ops.post = stub_post;
 	stub_ops.cancel = stub_cancel;
 	fuzz_node_init(&node, &cfg, &stub_ops);

@@ -40,7 +40,7 @@ LLVMFuzzerInitialize(int *argc, char ***argv)
 	(void)argv;
 	fuzz_config(&cfg);
 	cfg.max_clients = 2;
-	fuzz_node_init(&node, &cfg, &fuzz_stub_ops);
+	fuzz_node_init(&node, &cfg, &kvp_test_stub_ops);
 	w = &node.workers[0];
 	return 0;
 }

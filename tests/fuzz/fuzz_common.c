@@ -11,7 +11,6 @@
 #include <rte_ring.h>
 
 #include "fuzz_common.h"
-#include "kvp_test_eal.h"
 
 /*
  * Fuzz builds replace getrandom(): kvproxyd's region keys, handshake nonces
@@ -92,7 +91,6 @@ fuzz_node_init(struct kvp_node *n, struct kvp_config *cfg, const struct kvp_tran
 		fprintf(stderr, "fuzz: rte_eal_init failed: %s\n", strerror(-rc));
 		abort();
 	}
-	kvp_log_init();
 	snprintf(tmpdir, sizeof(tmpdir), "/tmp/kvp-fuzz.XXXXXX");
 	if (!mkdtemp(tmpdir)) {
 		perror("fuzz: mkdtemp");
@@ -106,82 +104,6 @@ fuzz_node_init(struct kvp_node *n, struct kvp_config *cfg, const struct kvp_tran
 		abort();
 	}
 }
-
-/* ---- the stub transport: tctx is the worker itself ---- */
-
-static int
-stub_create(struct kvp_worker *wk, unsigned idx, void **tctx)
-{
-	(void)idx;
-	*tctx = wk;
-	return 0;
-}
-
-static void
-stub_destroy(void *tctx)
-{
-	(void)tctx;
-}
-
-static int
-stub_attach(void *tctx, uint16_t peer, uint8_t link, int fd, bool outgoing, uint64_t epoch)
-{
-	(void)tctx;
-	(void)peer;
-	(void)link;
-	(void)fd;
-	(void)outgoing;
-	(void)epoch;
-	return -EINVAL;
-}
-
-static int
-stub_post(void *tctx, struct kvp_xfer *x)
-{
-	(void)tctx;
-	(void)x;
-	return -ENOTCONN;
-}
-
-static int
-stub_progress(void *tctx)
-{
-	(void)tctx;
-	return 0;
-}
-
-static void
-stub_cancel(void *tctx, struct kvp_xfer *x, int status)
-{
-	kvp_worker_xfer_end(tctx, x, status);
-}
-
-static int
-stub_sleep_fd(void *tctx)
-{
-	(void)tctx;
-	return -1;
-}
-
-static void
-stub_disconnect(void *tctx, uint16_t peer)
-{
-	(void)tctx;
-	(void)peer;
-}
-
-const struct kvp_transport_ops fuzz_stub_ops = {
-	.name = "tcp",
-	.caps = KVP_TCAP_HOST_MEM,
-	.create = stub_create,
-	.destroy = stub_destroy,
-	.attach = stub_attach,
-	.post = stub_post,
-	.progress = stub_progress,
-	.cancel = stub_cancel,
-	.sleep_fd = stub_sleep_fd,
-	.disconnect = stub_disconnect,
-};
 
 void
 fuzz_assert_reclaimed(const struct kvp_node *n, unsigned pool0)

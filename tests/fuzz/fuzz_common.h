@@ -21,6 +21,7 @@
 
 #include "kvp_core.h"
 #include "kvp_test.h"
+#include "kvp_test_core.h"
 
 /*
  * The byte that getrandom() returns in fuzz builds. Region keys become
@@ -53,14 +54,6 @@ struct fuzz_outbox {
 
 /** Take every message out of worker @p w's outbox and return it to the pool. */
 void fuzz_drain_outbox(struct kvp_node *n, unsigned w, struct fuzz_outbox *ob);
-
-/**
- * A transport that moves nothing, named "tcp" as a real node reports:
- * attach refuses the connection, post answers -ENOTCONN, cancel ends the
- * transfer at once; the other ops do nothing. A harness that exercises an
- * op copies this table and replaces that op.
- */
-extern const struct kvp_transport_ops fuzz_stub_ops;
 
 /**
  * After an input: every transfer slot of worker 0 is free, no region keeps a

@@ -210,7 +210,7 @@ LLVMFuzzerInitialize(int *argc, char ***argv)
 	fuzz_config(&cfg);
 	cfg.max_inflight = MAX_INFLIGHT;
 	cfg.admission_timeout_ms = 1000;
-	stub_ops = fuzz_stub_ops;
+	stub_ops = kvp_test_stub_ops;
 	stub_ops.name = "stub";
 	stub_ops.post = stub_post;
 	stub_ops.cancel = stub_cancel;

@@ -67,7 +67,7 @@ LLVMFuzzerInitialize(int *argc, char ***argv)
 	snprintf(cfg.peers[1].node_id, sizeof(cfg.peers[1].node_id), "peer1");
 	snprintf(cfg.peers[1].host, sizeof(cfg.peers[1].host), "127.0.0.1");
 	cfg.peers[1].port = 2;
-	stub_ops = fuzz_stub_ops;
+	stub_ops = kvp_test_stub_ops;
 	stub_ops.attach = stub_attach; /* records what the handshake handed over */
 	fuzz_node_init(&node, &cfg, &stub_ops);
 	w = &node.workers[0];

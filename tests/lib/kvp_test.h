@@ -9,8 +9,9 @@
  *
  * It needs neither DPDK nor lib/core, so programs built on libkvproxy alone
  * use it; the few lib/rings calls it makes resolve to whichever of lib/rings
- * or libkvproxy the program links. kvp_test_eal_init() (kvp_test_eal.h,
- * libkvp_test_eal) is the one DPDK helper, for tests that run a worker.
+ * or libkvproxy the program links. What needs DPDK and lib/core (the EAL,
+ * a stub transport, for tests that run a worker) is kvp_test_core.h
+ * (libkvp_test_core).
  *
  * Threading: nothing here keeps state but the failure counter of the checks
  * (per process; a forked child counts its own). Memory: the caller owns

@@ -27,8 +27,7 @@
 #include <rte_ring.h>
 
 #include "kvp_test.h"
-#include "kvp_test_eal.h"
-#include "kvp_transport.h"
+#include "kvp_test_core.h"
 
 #define SLOTS      8u /* limits.max_inflight */
 #define SQN        64u
@@ -50,24 +49,10 @@ static struct rte_mempool *pool;
 static struct kvp_worker w;
 static int region_fd = -1;
 
-/* ---- the stub transport: holds what it is handed until the test ends it ---- */
+/* ---- the transport: holds what it is handed until the test ends it ---- */
 
 static struct kvp_xfer *held[SLOTS];
 static unsigned nheld, posts, cancels;
-
-static int
-stub_create(struct kvp_worker *wk, unsigned idx, void **tctx)
-{
-	(void)idx;
-	*tctx = wk;
-	return 0;
-}
-
-static void
-stub_destroy(void *tctx)
-{
-	(void)tctx;
-}
 
 static int
 stub_post(void *tctx, struct kvp_xfer *x)
@@ -98,30 +83,8 @@ stub_cancel(void *tctx, struct kvp_xfer *x, int status)
 	kvp_worker_xfer_end(tctx, x, status);
 }
 
-static int
-stub_progress(void *tctx)
-{
-	(void)tctx;
-	return 0;
-}
-
-static int
-stub_sleep_fd(void *tctx)
-{
-	(void)tctx;
-	return -1;
-}
-
-static const struct kvp_transport_ops stub_ops = {
-	.name = "stub",
-	.caps = KVP_TCAP_HOST_MEM,
-	.create = stub_create,
-	.destroy = stub_destroy,
-	.post = stub_post,
-	.progress = stub_progress,
-	.cancel = stub_cancel,
-	.sleep_fd = stub_sleep_fd,
-};
+/* The library's stub, holding what it is handed (set up in setup()). */
+static struct kvp_transport_ops stub_ops;
 
 /* The held transfer of @p user_id (of client @p id), or NULL. */
 static struct kvp_xfer *
@@ -701,7 +664,10 @@ setup(void)
 
 	if (rc < 0)
 		kvp_test_setup_failed("EAL: %s", strerror(-rc));
-	kvp_log_init();
+	stub_ops = kvp_test_stub_ops;
+	stub_ops.name = "stub";
+	stub_ops.post = stub_post;
+	stub_ops.cancel = stub_cancel;
 	kvp_config_defaults(&cfg);
 	cfg.max_inflight = SLOTS;
 	cfg.max_segments = 4;
