@@ -77,6 +77,18 @@ LLVMFuzzerInitialize(int *argc, char ***argv)
 
 /* ---- mode 0: the header rules, restated ---- */
 
+/* DATA2D: whole blocks of aux2 bytes, rsvd apart (never overlapping), not wrapping. */
+static bool
+data2d_ok(const struct kvp_wire_hdr *h, uint32_t frame_max)
+{
+	if (h->len == 0 || h->len > frame_max || h->aux2 == 0 || h->len % h->aux2 != 0 ||
+	    h->rsvd < h->aux2)
+		return false;
+	unsigned __int128 span = (unsigned __int128)(h->len / h->aux2 - 1) * h->rsvd + h->aux2;
+
+	return (unsigned __int128)h->off + span <= UINT64_MAX;
+}
+
 static void
 fuzz_check(struct fuzz_in *in)
 {
@@ -97,6 +109,10 @@ fuzz_check(struct fuzz_in *in)
 			REQUIRE(h.len > 0 && h.len <= frame_max && h.off + h.len >= h.off,
 				"DATA len %u off %" PRIu64 " frame_max %u", h.len, h.off,
 				frame_max);
+		else if (h.type == KVP_W_DATA2D)
+			REQUIRE(data2d_ok(&h, frame_max),
+				"DATA2D len %u block %u stride %u off %" PRIu64 " frame_max %u",
+				h.len, h.aux2, h.rsvd, h.off, frame_max);
 		else if (h.type == KVP_W_RDMA_QP || h.type == KVP_W_RDMA_QP_OK)
 			REQUIRE(h.len == sizeof(struct kvp_wire_qp), "QP len %u", h.len);
 		else if (h.type == KVP_W_RDMA_GRANT)
