@@ -15,7 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kvp_core.h"
+#include "kvp_ctrl.h"
 #include "kvproxyd.h"
 
 char kvp_cores_why[256] = "EAL arguments";

@@ -20,7 +20,7 @@
 #include <rte_lcore.h>
 #include <rte_log.h>
 
-#include "kvp_core.h"
+#include "kvp_ctrl.h"
 #include "kvp_cuda.h"
 #include "kvp_gdr.h"
 #include "kvp_tcp_stage.h"
@@ -30,10 +30,7 @@ static volatile sig_atomic_t stop;
 static volatile sig_atomic_t dump_stats; /* SIGUSR1: write the stats file now */
 static char **eal_argv; /* our copy of argv with --no-pci, freed at exit */
 
-/* What pick_transport() found, handed to the node for "doctor". */
-static char transport_why[256];
-static int rdma_ports = -ENOSYS;
-static char rdma_why[160] = "not probed (transport = tcp)";
+/* What pick_transports() found. */
 static struct kvp_gdr_rail rails[KVP_RAILS_MAX];
 static struct kvp_gdr_rail_use rails_used[KVP_WIRE_RAILS_MAX];
 static int nrails_used;
@@ -163,40 +160,92 @@ parse_app(int argc, char **argv, struct app_opts *o)
  * @return how many, 0 if none can work
  */
 static unsigned
-pick_transports(const struct kvp_config *cfg, const struct kvp_transport_ops **tps)
+pick_transports(const struct kvp_config *cfg, struct kvp_node_env *env)
 {
 	char why[160];
 	int n;
 
 	if (cfg->transport == KVP_TRANSPORT_TCP) {
-		snprintf(transport_why, sizeof(transport_why), "configured (transport = \"tcp\")");
-		tps[0] = &kvp_tcp_stage_ops;
-		return 1;
+		snprintf(env->transport_why, sizeof(env->transport_why),
+			 "configured (transport = \"tcp\")");
+		env->tps[0] = &kvp_tcp_stage_ops;
+		return env->ntps = 1;
 	}
 	n = kvp_gdr_probe(rails, KVP_RAILS_MAX, why, sizeof(why));
-	rdma_ports = n;
+	env->rdma_ports = n;
 	if (n >= 0)
 		n = kvp_gdr_open(cfg, rails_used, why, sizeof(why));
-	snprintf(rdma_why, sizeof(rdma_why), "%s", n < 0 ? why : "");
+	snprintf(env->rdma_why, sizeof(env->rdma_why), "%s", n < 0 ? why : "");
 	if (n > 0) {
 		nrails_used = n;
-		snprintf(transport_why, sizeof(transport_why),
+		snprintf(env->transport_why, sizeof(env->transport_why),
 			 "transport = \"%s\": %d RDMA rail(s) in use; transfers that cannot go by "
 			 "RDMA take the TCP staging path",
 			 cfg->transport == KVP_TRANSPORT_AUTO ? "auto" : "rdma", n);
-		tps[0] = &kvp_rdma_ops;
-		tps[1] = &kvp_tcp_stage_ops;
-		return 2;
+		env->tps[0] = &kvp_rdma_ops;
+		env->tps[1] = &kvp_tcp_stage_ops;
+		return env->ntps = 2;
 	}
 	if (cfg->transport == KVP_TRANSPORT_AUTO) {
-		snprintf(transport_why, sizeof(transport_why),
+		snprintf(env->transport_why, sizeof(env->transport_why),
 			 "transport = \"auto\" and no usable RDMA: %s", why);
-		KVP_LOG(NOTICE, app, "transport auto: using tcp (%s)", transport_why);
-		tps[0] = &kvp_tcp_stage_ops;
-		return 1;
+		KVP_LOG(NOTICE, app, "transport auto: using tcp (%s)", env->transport_why);
+		env->tps[0] = &kvp_tcp_stage_ops;
+		return env->ntps = 1;
 	}
 	KVP_LOG(ERR, app, "transport rdma: %s", why);
 	return 0;
+}
+
+/* The RDMA ports found, and which the transport uses as rails (for doctor, rails, stats). */
+static void
+describe_rails(struct kvp_node_env *env)
+{
+	for (int i = 0; i < env->rdma_ports && i < KVP_RAILS_MAX; i++) {
+		struct kvp_rail_info *r = &env->rails[env->nrails++];
+
+		snprintf(r->dev, sizeof(r->dev), "%.63s", rails[i].dev);
+		r->port = rails[i].port;
+		r->active = rails[i].state == 4; /* IBV_PORT_ACTIVE */
+		r->numa_node = rails[i].numa_node;
+		snprintf(r->pci, sizeof(r->pci), "%.31s", rails[i].pci);
+		r->rail = -1;
+		r->gid_index = -1;
+		r->mtu = 128 << rails[i].active_mtu;
+		for (int u = 0; u < nrails_used; u++) {
+			if (strcmp(rails_used[u].dev, r->dev) == 0 && rails_used[u].port == r->port) {
+				r->rail = u;
+				r->gid_index = rails_used[u].gid_index;
+			}
+		}
+	}
+	if (nrails_used > 0) {
+		env->rail_pause = kvp_gdr_rail_pause;
+		env->mr_stats = kvp_gdr_mr_stats();
+	}
+}
+
+/* The GPUs the driver offers; with RDMA, each bound to its nearest rail. */
+static void
+describe_gpus(struct kvp_node_env *env, int ngpu)
+{
+	env->cuda_driver = kvp_cuda_driver_version();
+	env->ngpus = ngpu;
+	for (int i = 0; i < ngpu && i < KVP_GPUS_MAX; i++) {
+		struct kvp_cuda_dev g;
+		struct kvp_gpu_info *gi = &env->gpus[i];
+
+		if (kvp_cuda_device(i, &g) < 0)
+			continue;
+		gi->ordinal = i;
+		snprintf(gi->name, sizeof(gi->name), "%s", g.name);
+		snprintf(gi->pci, sizeof(gi->pci), "%s", g.pci);
+		gi->dmabuf = g.dmabuf;
+		if (nrails_used > 0)
+			kvp_gdr_bind_gpu(i, g.pci);
+		gi->gpudirect_rdma = g.gpudirect_rdma;
+		gi->total_mem = g.total_mem;
+	}
 }
 
 /*
@@ -306,9 +355,10 @@ main(int argc, char **argv)
 		rte_eal_cleanup();
 		return 1;
 	}
-	const struct kvp_transport_ops *tps[KVP_TP_MAX];
-	unsigned ntps = pick_transports(&cfg, tps);
-	if (ntps == 0) {
+	static struct kvp_node_env env;
+
+	kvp_node_env_init(&env);
+	if (pick_transports(&cfg, &env) == 0) {
 		rte_eal_cleanup();
 		return 1;
 	}
@@ -324,58 +374,19 @@ main(int argc, char **argv)
 	signal(SIGUSR1, on_usr1);
 	signal(SIGPIPE, SIG_IGN);
 
+	describe_rails(&env);
+	describe_gpus(&env, ngpu);
+	env.cores_why = kvp_cores_why;
 	/* The data path runs on one worker lcore; connections and clients all live there. */
-	if (kvp_node_init(&node, &cfg, tps, ntps, 1, err, sizeof(err)) < 0) {
+	unsigned lcore = rte_get_next_lcore(-1, 1, 0);
+	env.nworkers = 1;
+	env.lcores[0] = lcore;
+	if (kvp_node_init(&node, &cfg, &env, err, sizeof(err)) < 0) {
 		fprintf(stderr, "kvproxyd: %s\n", err);
 		kvp_gdr_close();
 		rte_eal_cleanup();
 		return 1;
 	}
-	snprintf(node.transport_why, sizeof(node.transport_why), "%.255s", transport_why);
-	node.cores_why = kvp_cores_why;
-	node.rdma_ports = rdma_ports;
-	snprintf(node.rdma_why, sizeof(node.rdma_why), "%s", rdma_why);
-	for (int i = 0; i < rdma_ports && i < KVP_RAILS_MAX; i++) {
-		struct kvp_rail_info *r = &node.rails[node.nrails++];
-
-		snprintf(r->dev, sizeof(r->dev), "%.63s", rails[i].dev);
-		r->port = rails[i].port;
-		r->active = rails[i].state == 4; /* IBV_PORT_ACTIVE */
-		r->numa_node = rails[i].numa_node;
-		snprintf(r->pci, sizeof(r->pci), "%.31s", rails[i].pci);
-		r->rail = -1;
-		r->gid_index = -1;
-		r->mtu = 128 << rails[i].active_mtu;
-		for (int u = 0; u < nrails_used; u++) {
-			if (strcmp(rails_used[u].dev, r->dev) == 0 && rails_used[u].port == r->port) {
-				r->rail = u;
-				r->gid_index = rails_used[u].gid_index;
-			}
-		}
-	}
-	if (nrails_used > 0) {
-		node.rail_pause = kvp_gdr_rail_pause;
-		node.mr_stats = kvp_gdr_mr_stats();
-	}
-	node.cuda_driver = kvp_cuda_driver_version();
-	node.ngpus = ngpu;
-	for (int i = 0; i < ngpu && i < KVP_GPUS_MAX; i++) {
-		struct kvp_cuda_dev g;
-		struct kvp_gpu_info *gi = &node.gpus[i];
-
-		if (kvp_cuda_device(i, &g) < 0)
-			continue;
-		gi->ordinal = i;
-		snprintf(gi->name, sizeof(gi->name), "%s", g.name);
-		snprintf(gi->pci, sizeof(gi->pci), "%s", g.pci);
-		gi->dmabuf = g.dmabuf;
-		if (nrails_used > 0)
-			kvp_gdr_bind_gpu(i, g.pci);
-		gi->gpudirect_rdma = g.gpudirect_rdma;
-		gi->total_mem = g.total_mem;
-	}
-	unsigned lcore = rte_get_next_lcore(-1, 1, 0);
-	node.workers[0].lcore = lcore;
 	/* Say at start what doctor would: transport, and lcores not local to the NICs. */
 	kvp_node_log_doctor(&node);
 	if (rte_lcore_count() > 2)

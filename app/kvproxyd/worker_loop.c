@@ -10,7 +10,7 @@
 
 #include <rte_pause.h>
 
-#include "kvp_core.h"
+#include "kvp_ctrl.h"
 #include "kvproxyd.h"
 
 /* While transfers are in flight (or fences pending), wake at least this often to check. */

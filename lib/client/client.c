@@ -228,43 +228,15 @@ kvp_max_segments(const struct kvp_client *c)
 	return c != NULL ? c->max_segs : 0;
 }
 
-int
-kvp_region_register(struct kvp_client *c, int fd, uint64_t fd_offset, uint64_t len, uint32_t flags,
-		    uint64_t *key)
-{
-	struct kvp_ctrl_req req;
-	struct kvp_ctrl_rep rep;
-	int rc;
-
-	if (c == NULL)
-		return -EINVAL;
-	if (fd < 0 || len == 0 || key == NULL) {
-		client_set_error(c, "invalid region arguments");
-		return -EINVAL;
-	}
-	client_ctrl_init(&req, KVP_CTRL_REG);
-	req.u.reg.fd_offset = fd_offset;
-	req.u.reg.len = len;
-	req.u.reg.flags = flags;
-	rc = client_ctrl_call(c, &req, fd, &rep, NULL, 0);
-	if (rc < 0)
-		return rc;
-	*key = rep.u.reg.key;
-	return 0;
-}
-
+/* One region registration call: host memory (fd), or GPU memory (an IPC handle or a dma-buf fd). */
 static int
-register_gpu(struct kvp_client *c, int fd, const void *ipc, uint64_t offset, uint64_t len,
-	     int device, uint32_t flags, uint64_t *key)
+register_region(struct kvp_client *c, int fd, const void *ipc, uint64_t offset, uint64_t len,
+		int device, uint32_t flags, uint64_t *key)
 {
 	struct kvp_ctrl_req req;
 	struct kvp_ctrl_rep rep;
 	int rc;
 
-	if (len == 0 || key == NULL || device < 0) {
-		client_set_error(c, "invalid GPU region arguments");
-		return -EINVAL;
-	}
 	client_ctrl_init(&req, KVP_CTRL_REG);
 	req.u.reg.fd_offset = offset;
 	req.u.reg.len = len;
@@ -277,6 +249,30 @@ register_gpu(struct kvp_client *c, int fd, const void *ipc, uint64_t offset, uin
 		return rc;
 	*key = rep.u.reg.key;
 	return 0;
+}
+
+int
+kvp_region_register(struct kvp_client *c, int fd, uint64_t fd_offset, uint64_t len, uint32_t flags,
+		    uint64_t *key)
+{
+	if (c == NULL)
+		return -EINVAL;
+	if (fd < 0 || len == 0 || key == NULL) {
+		client_set_error(c, "invalid region arguments");
+		return -EINVAL;
+	}
+	return register_region(c, fd, NULL, fd_offset, len, 0, flags, key);
+}
+
+static int
+register_gpu(struct kvp_client *c, int fd, const void *ipc, uint64_t offset, uint64_t len,
+	     int device, uint32_t flags, uint64_t *key)
+{
+	if (len == 0 || key == NULL || device < 0) {
+		client_set_error(c, "invalid GPU region arguments");
+		return -EINVAL;
+	}
+	return register_region(c, fd, ipc, offset, len, device, flags, key);
 }
 
 int

@@ -18,7 +18,8 @@
 #include <libconfig.h>
 
 #include "config_priv.h"
-#include "kvp_core.h"
+#include "kvp_config.h"
+#include "kvp_log.h"
 
 #define F(field) offsetof(struct kvp_config, field), sizeof(((struct kvp_config *)0)->field)
 #define U32(p, field, lo, hi, d)    { p, CT_U32, F(field), lo, hi, d, NULL, 0 }

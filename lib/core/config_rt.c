@@ -9,7 +9,8 @@
 #include <string.h>
 
 #include "config_priv.h"
-#include "kvp_core.h"
+#include "kvp_config.h"
+#include "kvp_log.h"
 
 /* Why a key is fixed at start, by key prefix (first match wins). */
 static const struct {

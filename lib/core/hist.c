@@ -7,7 +7,7 @@
  */
 #include <string.h>
 
-#include "kvp_core.h"
+#include "kvp_worker.h"
 
 static const char *const hphase_names[KVP_HP_MAX] = {
 	[KVP_HP_QUEUE] = "queue", [KVP_HP_ADMIT] = "admit",     [KVP_HP_FIRST] = "first_byte",

@@ -137,6 +137,9 @@ struct kvp_memops {
 	int (*flush_writes)(int device);
 };
 
+/** GPUs (CUDA device ordinals) a node tells apart. */
+#define KVP_GPUS_MAX 16
+
 /** Why GPU regions are refused on this node (set at start when CUDA is unusable). */
 extern char kvp_gpu_unavailable[160];
 

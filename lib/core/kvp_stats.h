@@ -69,7 +69,6 @@ struct kvp_worker_stats {
 	/* RDMA transport. */
 	uint64_t rdma_xfers;	 /**< transfers sent by RDMA (the rest went over TCP) */
 	uint64_t rdma_fallbacks; /**< transfers that took TCP although RDMA was up */
-	uint64_t rdma_grant_waits; /**< transfers that waited for the receiver's grant */
 	struct kvp_rail_stats rail[KVP_WIRE_RAILS_MAX];
 	uint64_t wc_errors[KVP_WC_STATUS_MAX]; /**< work-completion errors by ibv_wc_status */
 };

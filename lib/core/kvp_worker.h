@@ -300,6 +300,7 @@ enum kvp_msg_type {
 	KVP_MSG_CONN_DOWN,    /**< worker -> main: connection closed */
 	KVP_MSG_QUIT,
 	KVP_MSG_CANCEL, /**< main -> worker: cancel (client, user_id) from the admin socket */
+	KVP_MSG_TYPES
 };
 
 struct kvp_msg {

@@ -1,12 +1,13 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /* kvp.* log types on top of rte_log. */
+#include <errno.h>
 #include <string.h>
 #include <strings.h>
 #include <time.h>
 
 #include <rte_log.h>
 
-#include "kvp_core.h"
+#include "kvp_log.h"
 
 int kvp_logtype_core = -1;
 int kvp_logtype_tcp = -1;

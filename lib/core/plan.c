@@ -6,7 +6,7 @@
  * successors are absorbed, and the blocks of a strided segment travel
  * together as one 2-D piece where the transport can take it.
  */
-#include "kvp_core.h"
+#include "kvp_worker.h"
 
 /* Move x's cursor @p n bytes into the current block; past its end to the next block or segment. */
 static void

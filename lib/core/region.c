@@ -16,7 +16,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "kvp_core.h"
+#include "kvp_region.h"
+#include "kvp_log.h"
 
 #define SLOT_BITS 16
 #define SLOT_MASK ((1u << SLOT_BITS) - 1)

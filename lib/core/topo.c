@@ -16,7 +16,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "kvp_core.h"
+#include "kvp_topo.h"
+#include "kvp_log.h"
 
 /* Strip the brackets of "[v6]" into @p out. */
 static void

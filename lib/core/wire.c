@@ -2,7 +2,7 @@
 /* Validation of frames received from other nodes: nothing is trusted before this. */
 #include <errno.h>
 
-#include "kvp_core.h"
+#include "kvp_wire.h"
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "wire format is little-endian");
 

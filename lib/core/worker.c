@@ -1,12 +1,12 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
- * Worker data plane, transport-independent part: pick up submissions from
- * client channels, validate them, hand them to the transport, and post
- * completions. Everything here runs on the worker's lcore; tables are sized
- * at start and nothing allocates.
+ * Worker data plane, transport-independent part: the transfer table and its
+ * accounting, completions and landing notices, the main lcore's messages,
+ * deadlines, and sleeping. Submissions are read in submit.c, client channels
+ * handled in chan.c. Everything here runs on the worker's lcore; tables are
+ * sized at start and nothing allocates.
  */
 #include <errno.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/eventfd.h>
@@ -107,8 +107,8 @@ kvp_worker_fini(struct kvp_worker *w)
 	w->xfers = NULL;
 }
 
-static void
-send_main(struct kvp_worker *w, int type, uint16_t peer, uint8_t link, bool outgoing,
+void
+worker_send_main(struct kvp_worker *w, int type, uint16_t peer, uint8_t link, bool outgoing,
 	  struct kvp_chan *ch, const char *reason)
 {
 	struct kvp_msg *m;
@@ -135,69 +135,6 @@ send_main(struct kvp_worker *w, int type, uint16_t peer, uint8_t link, bool outg
 	if (write(w->main_evfd, &one, sizeof(one)) < 0) {
 		/* EAGAIN: already rung. */
 	}
-}
-
-static void
-notify_client(struct kvp_chan *ch)
-{
-	uint64_t one = 1;
-
-	if (kvp_ring_wakeup_needed(&ch->cq) && write(ch->notify_fd, &one, sizeof(one)) < 0) {
-		/* EAGAIN: the counter is saturated, the client is awake anyway. */
-	}
-}
-
-/*
- * The client broke the ring protocol: say what, with the values, for the
- * main lcore's log line when it disconnects the client. The first reason wins.
- */
-static void __attribute__((format(printf, 2, 3)))
-chan_break(struct kvp_chan *ch, const char *fmt, ...)
-{
-	va_list ap;
-
-	if (ch->broken)
-		return;
-	ch->broken = true;
-	va_start(ap, fmt);
-	vsnprintf(ch->broken_why, sizeof(ch->broken_why), fmt, ap);
-	va_end(ap);
-}
-
-/* kvp_ring_count() refused the SQ producer index the client published. */
-static void
-sq_prod_broken(struct kvp_chan *ch)
-{
-	const struct kvp_ring *r = &ch->sq;
-
-	if ((int32_t)(r->bad - r->local) < 0)
-		chan_break(ch, "SQ producer index %u is behind the consumer index %u (ring of %u)",
-			   r->bad, r->local, r->size);
-	else
-		chan_break(ch,
-			   "SQ producer index %u is %u entries past the consumer index %u (ring of "
-			   "%u)",
-			   r->bad, r->bad - r->local, r->local, r->size);
-}
-
-/* kvp_ring_free() refused the CQ consumer index the client published. */
-static void
-cq_cons_broken(struct kvp_chan *ch)
-{
-	const struct kvp_ring *r = &ch->cq;
-
-	int32_t ahead = (int32_t)(r->bad - r->local);
-
-	if (ahead > 0)
-		chan_break(ch,
-			   "CQ consumer index %u is %d entries past the producer index %u (ring of "
-			   "%u)",
-			   r->bad, ahead, r->local, r->size);
-	else
-		chan_break(ch,
-			   "CQ consumer index %u moved back (last seen %u, producer index %u, ring "
-			   "of %u)",
-			   r->bad, r->cached, r->local, r->size);
 }
 
 /* t[b] - t[a] when both stamps were reached (in order), else 0. */
@@ -316,21 +253,6 @@ post_done(struct kvp_xfer *x, uint64_t now)
 	return chan_post(ch, &c);
 }
 
-bool
-chan_post(struct kvp_chan *ch, const struct kvp_cqe *c)
-{
-	int rc = kvp_ring_enqueue_bulk(&ch->cq, c, 1);
-
-	if (rc < 0) {
-		cq_cons_broken(ch);
-		return true; /* the client is being dropped; nothing to deliver to */
-	}
-	if (rc == 0)
-		return false;
-	notify_client(ch);
-	return true;
-}
-
 static void
 backlog_push(struct kvp_worker *w, struct kvp_chan *ch, struct kvp_xfer *x)
 {
@@ -405,7 +327,7 @@ kvp_worker_landed(struct kvp_worker *w, uint16_t peer, uint32_t owner, uint64_t 
 	c.phase_ns[KVP_PH_TOTAL] = delivered - first_ns;
 	int rc = kvp_ring_enqueue_bulk(&ch->cq, &c, 1);
 	if (rc < 0) {
-		cq_cons_broken(ch);
+		chan_cq_broken(ch);
 		return;
 	}
 	if (rc == 0) {
@@ -415,7 +337,7 @@ kvp_worker_landed(struct kvp_worker *w, uint16_t peer, uint32_t owner, uint64_t 
 	}
 	if (stats)
 		kvp_hist_record(kvp_worker_hist(w, peer, KVP_HP_RX_DELIVER), delivered - landed);
-	notify_client(ch);
+	chan_notify(ch);
 }
 
 void
@@ -425,7 +347,7 @@ kvp_worker_conn_down(struct kvp_worker *w, uint16_t peer, uint8_t link, bool out
 	if (outgoing && w->peer_links[peer] > 0)
 		w->peer_links[peer]--;
 	KVP_STAT_ADD(w->stats.peer[peer].conn_errors, 1);
-	send_main(w, KVP_MSG_CONN_DOWN, peer, link, outgoing, NULL, reason);
+	worker_send_main(w, KVP_MSG_CONN_DOWN, peer, link, outgoing, NULL, reason);
 }
 
 static void
@@ -459,10 +381,8 @@ chan_del(struct kvp_worker *w, struct kvp_chan *ch)
 		w->chans[slot] = NULL;
 		w->nchans--;
 	}
-	send_main(w, KVP_MSG_CHAN_GONE, 0, 0, false, ch, NULL);
+	worker_send_main(w, KVP_MSG_CHAN_GONE, 0, 0, false, ch, NULL);
 }
-
-static void cancel_user(struct kvp_worker *w, struct kvp_chan *ch, uint64_t user_id);
 
 int
 kvp_worker_inbox(struct kvp_worker *w)
@@ -485,7 +405,7 @@ kvp_worker_inbox(struct kvp_worker *w)
 			rc = route_attach(w, m->peer, m->link, m->fd, m->outgoing, m->epoch);
 			if (rc < 0) {
 				close(m->fd);
-				send_main(w, KVP_MSG_CONN_DOWN, m->peer, m->link, m->outgoing, NULL,
+				worker_send_main(w, KVP_MSG_CONN_DOWN, m->peer, m->link, m->outgoing, NULL,
 					  "transport refused the connection");
 			} else if (m->outgoing) {
 				w->peer_links[m->peer]++;
@@ -500,7 +420,7 @@ kvp_worker_inbox(struct kvp_worker *w)
 
 			if (ch && ch->id == m->client) {
 				KVP_STAT_ADD(w->stats.admin_cancels, 1);
-				cancel_user(w, ch, m->user_id);
+				worker_cancel_user(w, ch, m->user_id);
 			}
 			break;
 		}
@@ -512,100 +432,8 @@ kvp_worker_inbox(struct kvp_worker *w)
 	return (int)n;
 }
 
-static void
-fail_now(struct kvp_worker *w, struct kvp_xfer *x, int status)
-{
-	x->state = KVP_XS_ACTIVE;
-	kvp_worker_xfer_end(w, x, status);
-}
-
-/*
- * Bytes a strided range spans: (count - 1) * stride + len, or 0 if that
- * overflows 64 bits or the stride is smaller than a block.
- */
-static uint64_t
-span_of(uint64_t count, uint64_t len, uint64_t stride)
-{
-	if (count == 1)
-		return len;
-	if (stride < len || count - 1 > (UINT64_MAX - len) / stride)
-		return 0;
-	return (count - 1) * stride + len;
-}
-
-/* Check one descriptor (copied out of the ring) into @p d. @return KVP_OK or a detail code. */
-static int
-take_segment(struct kvp_worker *w, struct kvp_chan *ch, const struct kvp_sqe_seg2d *s,
-	     struct kvp_seg *d)
-{
-	bool strided = s->op == KVP_OP_SEG2D;
-	uint64_t count = strided ? s->count : 1;
-
-	d->src_off = s->src_off;
-	d->dst_key = s->dst_key;
-	d->dst_off = s->dst_off;
-	d->len = s->len;
-	d->count = count;
-	d->src_stride = strided ? s->src_stride : s->len;
-	d->dst_stride = strided ? s->dst_stride : s->len;
-	if (s->op != KVP_OP_SEG && s->op != KVP_OP_SEG2D)
-		return KVP_INVAL_OP;
-	if (s->len == 0)
-		return KVP_INVAL_LEN;
-	if (s->dst_key == 0)
-		return KVP_INVAL_DST;
-	if (count == 0 || count > w->cfg->max_blocks)
-		return KVP_INVAL_COUNT;
-	uint64_t sspan = span_of(count, s->len, d->src_stride);
-	uint64_t dspan = span_of(count, s->len, d->dst_stride);
-	if (sspan == 0 || dspan == 0)
-		return KVP_INVAL_STRIDE;
-	if (s->dst_off + dspan < s->dst_off)
-		return KVP_INVAL_BOUNDS;
-	d->src = kvp_region_get(w->regions, s->src_key);
-	/* A client may only send from its own regions. */
-	if (!d->src || d->src->owner != ch->id)
-		return KVP_INVAL_SRC;
-	if (!kvp_region_contains(d->src, s->src_off, sspan))
-		return KVP_INVAL_BOUNDS;
-	if (count > 1 && d->src_stride == s->len && d->dst_stride == s->len) {
-		/* The blocks touch on both sides: one contiguous range. */
-		d->len = sspan;
-		d->count = 1;
-		d->src_stride = d->dst_stride = sspan;
-	}
-	return KVP_OK;
-}
-
-/*
- * Copy and check the segments of one transfer. @return KVP_OK, or KVP_EINVAL
- * with x->detail and x->bad_seg saying what and where.
- */
-static int
-take_segments(struct kvp_worker *w, struct kvp_chan *ch, struct kvp_xfer *x, uint32_t nseg)
-{
-	x->nseg = nseg;
-	x->bytes = 0;
-	for (uint32_t i = 0; i < nseg; i++)
-		x->segs[i].src = NULL;
-	for (uint32_t i = 0; i < nseg; i++) {
-		struct kvp_sqe_seg2d s;
-
-		/* Copy first: the client can rewrite its ring while we look. */
-		memcpy(&s, kvp_ring_peek(&ch->sq, 1 + i), sizeof(s));
-		int d = take_segment(w, ch, &s, &x->segs[i]);
-		if (d != KVP_OK) {
-			x->detail = (uint16_t)d;
-			x->bad_seg = i;
-			return KVP_EINVAL;
-		}
-		x->bytes += kvp_seg_bytes(&x->segs[i]);
-	}
-	return KVP_OK;
-}
-
-static void
-cancel_user(struct kvp_worker *w, struct kvp_chan *ch, uint64_t user_id)
+void
+worker_cancel_user(struct kvp_worker *w, struct kvp_chan *ch, uint64_t user_id)
 {
 	for (uint32_t i = 0; i < w->nxfers; i++) {
 		struct kvp_xfer *x = &w->xfers[i];
@@ -615,187 +443,6 @@ cancel_user(struct kvp_worker *w, struct kvp_chan *ch, uint64_t user_id)
 			return;
 		}
 	}
-}
-
-/* Complete a submission that never got a slot; false if the CQ has no room. */
-static bool
-refuse(struct kvp_chan *ch, const struct kvp_sqe_xfer *h, int status)
-{
-	struct kvp_cqe c;
-
-	memset(&c, 0, sizeof(c));
-	c.kind = KVP_CQE_DONE;
-	c.peer = h->peer;
-	c.status = status;
-	c.user_id = h->user_id;
-	c.nseg = h->nseg;
-	if (kvp_ring_enqueue_bulk(&ch->cq, &c, 1) != 1)
-		return false;
-	notify_client(ch);
-	return true;
-}
-
-static int
-poll_chan(struct kvp_worker *w, struct kvp_chan *ch, uint64_t now)
-{
-	int consumed = 0;
-	int n = kvp_ring_count(&ch->sq);
-
-	while (n > 0) {
-		struct kvp_sqe_xfer h;
-
-		memcpy(&h, kvp_ring_peek(&ch->sq, 0), sizeof(h));
-		if (h.op == KVP_OP_CANCEL) {
-			kvp_ring_consume(&ch->sq, 1);
-			cancel_user(w, ch, h.user_id);
-			n--;
-			consumed++;
-			continue;
-		}
-		if (h.op == KVP_OP_FENCE) {
-			/* Its completion, like a transfer's, must find room in the CQ. */
-			int room = kvp_ring_free(&ch->cq);
-			if (room < 0) {
-				cq_cons_broken(ch);
-				return consumed;
-			}
-			if ((uint32_t)room <= ch->inflight)
-				break;
-			struct kvp_sqe_fence f;
-			memcpy(&f, kvp_ring_peek(&ch->sq, 0), sizeof(f));
-			kvp_ring_consume(&ch->sq, 1);
-			fence_add(w, ch, &f, now);
-			n--;
-			consumed++;
-			continue;
-		}
-		/* The client publishes a header and its segments at once. */
-		if (h.op != KVP_OP_XFER || h.nseg == 0 || h.nseg > (uint32_t)n - 1) {
-			chan_break(ch, "SQ entry at index %u: op %u nseg %u, but %d entries published",
-				   ch->sq.local, h.op, h.nseg, n);
-			return consumed;
-		}
-		/* Every in-flight transfer must be able to complete: keep CQ room. */
-		int room = kvp_ring_free(&ch->cq);
-		if (room < 0) {
-			cq_cons_broken(ch);
-			return consumed;
-		}
-		if ((uint32_t)room <= ch->inflight)
-			break;
-		if (__atomic_load_n(&w->draining, __ATOMIC_RELAXED)) {
-			/* Draining: in-flight work finishes, new work is refused at once. */
-			if (!refuse(ch, &h, KVP_ESHUTDOWN))
-				break;
-			kvp_ring_consume(&ch->sq, 1 + h.nseg);
-			n -= (int)(1 + h.nseg);
-			consumed += (int)(1 + h.nseg);
-			KVP_STAT_ADD(w->stats.completions[KVP_ESHUTDOWN], 1);
-			KVP_STAT_ADD(w->stats.drain_refused, 1);
-			continue;
-		}
-		if (w->nfree == 0) {
-			/* The ring is the admission queue; its head may wait only so long. */
-			if (h.submit_ns && now > h.submit_ns &&
-			    now - h.submit_ns >
-				    (uint64_t)KVP_STAT_READ(w->cfg->admission_timeout_ms) * 1000000 &&
-			    refuse(ch, &h, KVP_ENOBUFS)) {
-				kvp_ring_consume(&ch->sq, 1 + h.nseg);
-				n -= (int)(1 + h.nseg);
-				consumed += (int)(1 + h.nseg);
-				KVP_STAT_ADD(w->stats.completions[KVP_ENOBUFS], 1);
-				continue;
-			}
-			break;
-		}
-
-		struct kvp_xfer *x = &w->xfers[w->free_idx[--w->nfree]];
-		if (w->nxfers - w->nfree > w->stats.inflight_hwm)
-			KVP_STAT_ADD(w->stats.inflight_hwm, w->nxfers - w->nfree - w->stats.inflight_hwm);
-		x->chan = ch;
-		x->client = ch->id;
-		x->peer = h.peer;
-		x->status = KVP_OK;
-		x->detail = KVP_INVAL_NONE;
-		x->bad_seg = 0;
-		x->user_id = h.user_id;
-		x->next = NULL;
-		x->t_seg = 0;
-		x->t_blk = 0;
-		x->t_off = 0;
-		x->t_frames = 0;
-		x->t_state = 0;
-		memset(x->ts, 0, sizeof(x->ts));
-		/*
-		 * The client may have submitted after this poll read the clock:
-		 * read it again. A stamp still from the future is no stamp.
-		 */
-		if (h.submit_ns > now)
-			now = kvp_mono_ns();
-		x->ts[KVP_TS_SUBMIT] = h.submit_ns <= now ? h.submit_ns : 0;
-		x->ts[KVP_TS_PICKUP] = now;
-		/* Deadlines run from the client's submit. */
-		uint64_t start = x->ts[KVP_TS_SUBMIT] ? x->ts[KVP_TS_SUBMIT] : now;
-		x->deadline_ns = kvp_time_after(
-			start, h.timeout_ns ? h.timeout_ns
-					    : (uint64_t)KVP_STAT_READ(w->cfg->default_timeout_ms) *
-						      1000000);
-		/* Visible to the admin "transfers" listing once its fields are set. */
-		__atomic_store_n(&x->state, KVP_XS_ACTIVE, __ATOMIC_RELEASE);
-		ch->inflight++;
-		KVP_STAT_ADD(w->stats.xfers_submitted, 1);
-
-		uint32_t nseg = h.nseg;
-		int st;
-		if (nseg > w->cfg->max_segments) {
-			x->nseg = 0;
-			x->detail = KVP_INVAL_NSEG;
-			st = KVP_EINVAL;
-		} else {
-			st = take_segments(w, ch, x, nseg);
-		}
-		kvp_ring_consume(&ch->sq, 1 + nseg);
-		n -= (int)(1 + nseg);
-		consumed += (int)(1 + nseg);
-
-		if (st == KVP_OK && now >= x->deadline_ns)
-			st = KVP_ETIMEDOUT; /* expired while queued in the ring */
-		if (st == KVP_OK && h.peer >= w->cfg->npeers)
-			st = KVP_ENOPEER;
-		if (st == KVP_OK && !w->peer_links[h.peer])
-			st = KVP_EPEER;
-		if (st != KVP_OK) {
-			fail_now(w, x, st);
-			continue;
-		}
-		/* The transport stamps ADMIT, FIRST, POSTED and ACKED as it gets there. */
-		if (route_post(w, x) < 0)
-			fail_now(w, x, KVP_EPEER);
-	}
-	if (n < 0)
-		sq_prod_broken(ch); /* from kvp_ring_count(): the loop never takes n below 0 */
-	return consumed;
-}
-
-int
-kvp_worker_poll_chans(struct kvp_worker *w)
-{
-	int work = 0;
-
-	if (w->nchans == 0)
-		return 0;
-	uint64_t now = kvp_mono_ns();
-	for (uint32_t i = 0; i < w->chan_slots; i++) {
-		struct kvp_chan *ch = w->chans[i];
-
-		if (ch && !ch->broken)
-			work += poll_chan(w, ch, now);
-		if (ch && ch->broken && !ch->broken_sent) {
-			ch->broken_sent = true;
-			send_main(w, KVP_MSG_CHAN_BROKEN, 0, 0, false, ch, ch->broken_why);
-		}
-	}
-	return work;
 }
 
 static int
@@ -845,42 +492,6 @@ kvp_worker_timers(struct kvp_worker *w, uint64_t now)
 		}
 	}
 	return work;
-}
-
-/*
- * CQ entries @p ch must have free before the worker can move it on: one
- * for its oldest backlogged completion, else (submissions waiting) one more
- * than its transfers in flight, as poll_chan() keeps; 0 if it needs none.
- */
-static uint32_t
-cq_room_needed(struct kvp_chan *ch)
-{
-	if (ch->backlog_head)
-		return 1;
-	int n = kvp_ring_count(&ch->sq);
-
-	/* An impossible index is work: poll_chan() reports it. */
-	if (n < 0)
-		return UINT32_MAX;
-	return n > 0 ? ch->inflight + 1 : 0;
-}
-
-/*
- * Arm one channel's wakeups. A channel stuck on a full CQ is parked: the
- * client rings the worker's doorbell when it reads (room_wakeup), so it
- * costs nothing until then, however long its SQ or backlog.
- * @return false if the channel has work now
- */
-static bool
-chan_prepare_sleep(struct kvp_chan *ch)
-{
-	uint32_t want = cq_room_needed(ch);
-
-	if (want == UINT32_MAX)
-		return false;
-	if (want == 0)
-		return kvp_ring_prepare_wait(&ch->sq);
-	return kvp_ring_prepare_wait_room(&ch->cq, want);
 }
 
 bool

@@ -1,12 +1,29 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
-/* Worker internals shared by worker.c and fence.c (the worker's lcore only). */
+/* Worker internals shared by worker.c, submit.c, chan.c and fence.c (the worker's lcore only). */
 #ifndef WORKER_PRIV_H
 #define WORKER_PRIV_H
 
 #include "kvp_transport.h"
 
+/* chan.c: a client's channel */
 /* Post @p c to the client's CQ and wake it; false if the CQ is full. */
 bool chan_post(struct kvp_chan *ch, const struct kvp_cqe *c);
+/* Wake the client if it waits for completions. */
+void chan_notify(struct kvp_chan *ch);
+/* The client broke the ring protocol: record why (the first reason wins). */
+void chan_break(struct kvp_chan *ch, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* kvp_ring_count() refused the SQ producer index / kvp_ring_free() the CQ consumer index. */
+void chan_sq_broken(struct kvp_chan *ch);
+void chan_cq_broken(struct kvp_chan *ch);
+/* Arm the channel's wakeups; false if it has work now. */
+bool chan_prepare_sleep(struct kvp_chan *ch);
+
+/* worker.c */
+/* An event for the main lcore (message pool and outbox; lost with a log line when full). */
+void worker_send_main(struct kvp_worker *w, int type, uint16_t peer, uint8_t link, bool outgoing,
+		      struct kvp_chan *ch, const char *reason);
+/* Cancel @p ch's transfer @p user_id, if it is in flight. */
+void worker_cancel_user(struct kvp_worker *w, struct kvp_chan *ch, uint64_t user_id);
 
 /* route.c: the worker's transports */
 int route_post(struct kvp_worker *w, struct kvp_xfer *x);

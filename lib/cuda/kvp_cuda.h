@@ -18,7 +18,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "kvp_core.h"
+#include "kvp_transport.h"
 
 struct kvp_cuda_dev {
 	int ordinal;

@@ -25,7 +25,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "kvp_core.h"
+#include "kvp_transport.h"
 
 struct kvp_gdr_rail {
 	char dev[64];	 /**< verbs device name, e.g. mlx5_0 or rxe0 */

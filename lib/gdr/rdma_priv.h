@@ -10,6 +10,7 @@
 #include <infiniband/verbs.h>
 
 #include "kvp_gdr.h"
+#include "kvp_topo.h"
 #include "kvp_transport.h"
 
 #define GDR_RAILS   KVP_WIRE_RAILS_MAX

@@ -26,7 +26,10 @@ Layout:
 
 Page contents: page ``i`` of a request in buffer ``b`` on attention-TP rank
 ``t`` holds a 32-byte block (room, t, b, i) repeated; the decode side checks
-every byte of every page it received.
+every byte of every page it received. With a ``model`` in the rank's config
+the KV cache and state are instead the rank's shard of a global cache
+(sglang_model.py): the decode side checks every byte of its shard, and that
+every page and state row outside the requests in flight stays zero.
 """
 
 from __future__ import annotations
@@ -45,10 +48,11 @@ from multiprocessing.connection import Client as ConnClient
 from multiprocessing.connection import Listener, wait as conn_wait
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
 
 AUTH = b"kvproxy-harness"
 FAILED, BOOTSTRAPPING, WAITING, TRANSFERRING, SUCCESS = 0, 1, 2, 3, 4
@@ -265,22 +269,35 @@ class Rank:
         import kvproxy.sglang as ks
 
         self.ks = ks
-        self.kv = Kv(cfg["layers"], cfg["pages"], cfg["item"], cfg.get("aux_rows", 16), cfg.get("aux_items", [64, 192]))
-        args = ks.KVArgs(engine_rank=cfg["engine_rank"], gpu_id=0, page_size=cfg.get("page_size", 16),
-                         system_dp_rank=cfg.get("system_dp_rank", 0), pp_rank=0,
-                         kv_data_ptrs=list(self.kv.ptrs), kv_data_lens=[cfg["pages"] * cfg["item"]] * self.kv.nbuf,
-                         kv_item_lens=[cfg["item"]] * self.kv.nbuf,
-                         aux_data_ptrs=[ctypes.addressof(a) for a in self.kv.aux],
-                         aux_data_lens=[len(a) for a in self.kv.aux], aux_item_lens=list(self.kv.aux_items))
+        self.model = cfg.get("model")
+        aux_items = cfg.get("aux_items", [64, 192])
+        if self.model:
+            from sglang_model import ShardedKv
+
+            self.kv = ShardedKv(self.model, cfg["tp_size"], cfg["engine_rank"] % cfg["tp_size"], cfg.get("pp_size", 1),
+                                cfg.get("pp_rank", 0), bool(cfg.get("gpu")))
+            self.aux = [(ctypes.c_char * (cfg.get("aux_rows", 16) * it))() for it in aux_items]
+            fields = self.kv.kv_args_fields()
+        else:
+            self.kv = Kv(cfg["layers"], cfg["pages"], cfg["item"], cfg.get("aux_rows", 16), aux_items)
+            self.aux = self.kv.aux
+            fields = dict(page_size=cfg.get("page_size", 16), kv_data_ptrs=list(self.kv.ptrs),
+                          kv_data_lens=[cfg["pages"] * cfg["item"]] * self.kv.nbuf,
+                          kv_item_lens=[cfg["item"]] * self.kv.nbuf)
+        self.aux_items = list(aux_items)
+        args = ks.KVArgs(engine_rank=cfg["engine_rank"], gpu_id=0, system_dp_rank=cfg.get("system_dp_rank", 0),
+                         pp_rank=cfg.get("pp_rank", 0), aux_data_ptrs=[ctypes.addressof(a) for a in self.aux],
+                         aux_data_lens=[len(a) for a in self.aux], aux_item_lens=list(aux_items), **fields)
         self.sa = SimpleNamespace(
             host=cfg.get("host", "127.0.0.1"), port=cfg.get("http_port", 30000),
             disaggregation_bootstrap_port=cfg["bootstrap_port"], dist_init_addr=cfg.get("dist_init_addr"),
             tp_size=cfg["tp_size"], dp_size=cfg.get("dp_size", 1), enable_dp_attention=cfg.get("dp_attention", False),
-            pp_size=1, kv_cache_dtype=cfg.get("kv_cache_dtype", "auto"),
+            pp_size=cfg.get("pp_size", 1), kv_cache_dtype=cfg.get("kv_cache_dtype", "auto"),
             load_balance_method=cfg.get("lb_method", "follow_bootstrap_room"), nnodes=1)
         mode = ks.DisaggregationMode.PREFILL if cfg["role"] == "prefill" else ks.DisaggregationMode.DECODE
         cls = ks.KvproxyBackend().get_kv_class("manager")
-        self.mgr = cls(args, mode, self.sa, False)  # settings from $KVPROXY_* as in sglang
+        mla = bool(self.model and self.model.get("kind") == "mla")
+        self.mgr = cls(args, mode, self.sa, mla)  # settings from $KVPROXY_* as in sglang
         self.tp = self.mgr.attn_tp_rank
         self.bootstrap_queue: List[Dict[str, Any]] = []
         self.forward: List[Dict[str, Any]] = []
@@ -349,7 +366,7 @@ class Rank:
         addr = f"{req['host']}:{req['port']}"
         if self.cfg["role"] == "prefill":
             req["sender"] = ks.KVSender(mgr=self.mgr, bootstrap_addr=addr, bootstrap_room=req["room"],
-                                        dest_tp_ranks=[self.cfg["engine_rank"]], pp_rank=0,
+                                        dest_tp_ranks=[self.cfg["engine_rank"]], pp_rank=self.cfg.get("pp_rank", 0),
                                         req_has_disagg_prefill_dp_rank=False)
             req["sent"] = 0
             self.bootstrap_queue.append(req)
@@ -384,7 +401,7 @@ class Rank:
     def op_recheck(self, cmd: Dict[str, Any]) -> None:
         """Compare the request's pages with their snapshot taken when clear() returned."""
         snap = self.snapshots.get(cmd["room"])
-        same = snap is not None and self.kv.digest(snap["pages"]) == snap["digest"]
+        same = snap is not None and self.kv.digest(snap["req"] if self.model else snap["pages"]) == snap["digest"]
         self.event({"ev": "recheck", "room": cmd["room"], "same": same, "had": snap is not None})
 
     def op_stats(self, cmd: Dict[str, Any]) -> None:
@@ -426,7 +443,8 @@ class Rank:
             start, end = req["sent"], min(req["sent"] + chunk, len(req["src"]))
             last = end == len(req["src"])
             if s.should_send_kv_chunk(end - start, last):
-                s.send(req["src"][start:end], None)
+                state = self.kv.state_indices(req, "src") if last and self.model else None
+                s.send(req["src"][start:end], state)
             req["sent"] = end
             if last:
                 self.inflight.append(req)
@@ -443,7 +461,8 @@ class Rank:
                 elif poll == SUCCESS:
                     s.clear()
                     m = s.get_transfer_metric()
-                    self.event({"ev": "done", "room": req["room"], "bytes": m.transfer_total_bytes})
+                    self.event({"ev": "done", "room": req["room"], "bytes": m.transfer_total_bytes,
+                                "segments": s.segments_submitted, "transfers": s.transfers_made})
                 elif poll == FAILED:
                     self.report_failure(req, "sender", "transfer")  # no clear(): sglang does not call it here
                 else:
@@ -451,13 +470,17 @@ class Rank:
             self.inflight = keep
 
     def write_source(self, req: Dict[str, Any]) -> None:
-        n = self.kv.item
-        for b in range(self.kv.nbuf):
-            for i, p in enumerate(req["src"]):
-                self.kv.write(b, p, pattern(req["room"], self.tp, b, i, n))
-        for j, it in enumerate(self.kv.aux_items):
+        if self.model:
+            self.kv.write_source(req)
+        else:
+            n = self.kv.item
+            for b in range(self.kv.nbuf):
+                for i, p in enumerate(req["src"]):
+                    self.kv.write(b, p, pattern(req["room"], self.tp, b, i, n))
+        for j, it in enumerate(self.aux_items):
             row = req.get("aux_src", 0)
-            self.kv.aux[j][row * it:(row + 1) * it] = pattern(req["room"], self.tp, 1000 + j, 0, it)
+            # The aux row (first output token) is the same on every rank of a request.
+            self.aux[j][row * it:(row + 1) * it] = pattern(req["room"], 0, 1000 + j, 0, it)
 
     def report_failure(self, req: Dict[str, Any], obj: str, where: str) -> None:
         code, reason, another = None, None, None
@@ -549,10 +572,15 @@ class Rank:
             if not req["waiting"]:
                 keep.append(req)
                 continue
-            for b in range(self.kv.nbuf):  # "allocated" pages: stale contents
-                for p in req["dst"]:
-                    self.kv.write(b, p, b"\xee" * self.kv.item)
-            r.send_metadata(req["dst"], req.get("aux_dst", 0), [], decode_prefix_len=0)
+            if self.model:
+                self.kv.prepare_dst(req)
+                state = self.kv.state_indices(req, "dst")
+            else:
+                state = []
+                for b in range(self.kv.nbuf):  # "allocated" pages: stale contents
+                    for p in req["dst"]:
+                        self.kv.write(b, p, b"\xee" * self.kv.item)
+            r.send_metadata(req["dst"], req.get("aux_dst", 0), state, decode_prefix_len=0)
             if req.get("rebootstrap"):
                 self.mgr.submit_prefill_recompute(r, {"rid": req.get("rid"), "bootstrap_room": req["room"]})
             self.transfer.append(req)
@@ -567,13 +595,22 @@ class Rank:
                     self.report_failure(req, "receiver", "transfer")
                     r.clear()  # after release_kv_cache(): the pages are free from here on
                     took = time.monotonic() - t0  # failure_exception() + clear()
-                    self.snapshots[req["room"]] = {"pages": list(req["dst"]), "digest": self.kv.digest(req["dst"])}
+                    if self.model:
+                        # Nothing of it can land any more: zero its pages, so every
+                        # later check also proves that no late byte arrived.
+                        self.kv.reset(req)
+                    self.snapshots[req["room"]] = {"pages": list(req["dst"]), "req": req,
+                                                   "digest": self.kv.digest(req if self.model else req["dst"])}
                     self.event({"ev": "cleared", "room": req["room"], "clear_s": took,
                                 "fence_s": r.fence_seconds, "landed": r._landed_bytes, "expected": r._expected})
                 elif poll == SUCCESS:
-                    bad = self.check(req)
+                    bad, why = self.check(req)
                     r.clear()
-                    self.event({"ev": "done", "room": req["room"], "bad": bad, "t_init": r.t_init, "t_meta": r._t_meta})
+                    if self.model:
+                        self.kv.reset(req)
+                    self.event({"ev": "done", "room": req["room"], "bad": bad, "why": why, "t_init": r.t_init,
+                                "t_meta": r._t_meta, "expected": r._expected, "landed": r._landed_bytes,
+                                "sources": [src.key for src in r._srcs]})
                 elif poll in (BOOTSTRAPPING, WAITING, TRANSFERRING):
                     keep.append(req)
                     if poll == TRANSFERRING and r._landed_bytes and not req.get("progress"):
@@ -583,16 +620,21 @@ class Rank:
                     raise ValueError(f"Unexpected poll case: {poll}")
             self.transfer = keep
 
-    def check(self, req: Dict[str, Any]) -> int:
-        bad = 0
-        n = self.kv.item
-        for b in range(self.kv.nbuf):
-            for i, p in enumerate(req["dst"]):
-                bad += self.kv.read(b, p) != pattern(req["room"], self.tp, b, i, n)
-        for j, it in enumerate(self.kv.aux_items):
+    def check(self, req: Dict[str, Any]) -> Tuple[int, List[str]]:
+        bad, why = 0, []
+        if self.model:
+            bad, why = self.kv.check(req, [r for r in self.prealloc + self.transfer if r.get("waiting")])
+        else:
+            n = self.kv.item
+            for b in range(self.kv.nbuf):
+                for i, p in enumerate(req["dst"]):
+                    bad += self.kv.read(b, p) != pattern(req["room"], self.tp, b, i, n)
+        for j, it in enumerate(self.aux_items):
             row = req.get("aux_dst", 0)
-            bad += bytes(self.kv.aux[j][row * it:(row + 1) * it]) != pattern(req["room"], self.tp, 1000 + j, 0, it)
-        return bad
+            if bytes(self.aux[j][row * it:(row + 1) * it]) != pattern(req["room"], 0, 1000 + j, 0, it):
+                bad += 1
+                why.append(f"aux buffer {j} row {row} differs")
+        return bad, why
 
 
 def rank_main(cfg: Dict[str, Any]) -> int:
@@ -613,6 +655,8 @@ def rank_main(cfg: Dict[str, Any]) -> int:
         except OSError:
             pass
         print(err, file=sys.stderr)
+        if rank is not None:
+            rank.mgr.close()  # its threads must not outlive the interpreter's teardown
         return 1
 
 

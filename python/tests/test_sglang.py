@@ -308,7 +308,7 @@ class SglangAdapterTest(unittest.TestCase):
         sender.send(src[100:], [], 0)  # base/conn.py's positional token_position_offset
         self.assertEqual(poll_until(sender, [KVPoll.Success]), KVPoll.Success)
         self.assertEqual(poll_until(receiver, [KVPoll.Success]), KVPoll.Success)
-        self.assertGreaterEqual(sender._next_piece, 3, "expected several kvproxy transfers (max_segments each)")
+        self.assertGreaterEqual(sender.transfers_made, 3, "expected several kvproxy transfers (max_segments each)")
         self.assertEqual(receiver.conclude_state, KVPoll.Success)
 
         nbuf = 2 * self.LAYERS
@@ -428,7 +428,7 @@ class SglangAdapterTest(unittest.TestCase):
         self.assertIn("closed", e.failure_reason)
         sender.init(2, 0)
         sender.send([9, 10])
-        self.assertEqual(sender._next_piece, 0, "transfers into the pages of a closed worker")
+        self.assertEqual(sender.transfers_made, 0, "transfers into the pages of a closed worker")
         sender.clear()
 
     def test_transfer_timeout(self) -> None:
@@ -575,7 +575,7 @@ class SglangAdapterTest(unittest.TestCase):
         sender.init(3, 0)  # what the prefill scheduler still calls
         sender.send([1, 2, 3])
         self.assertEqual(sender.poll(), KVPoll.Failed)
-        self.assertEqual(sender._next_piece, 0, "the aborted sender made kvproxy transfers")
+        self.assertEqual(sender.transfers_made, 0, "the aborted sender made kvproxy transfers")
         self.assertEqual(DAEMONS["prefill0"].admin_call("stats")["totals"]["xfers_submitted"], submitted)
         sender.clear()
         receiver.clear()
@@ -701,11 +701,20 @@ class SglangAdapterTest(unittest.TestCase):
     def test_setup_refusals(self) -> None:
         kv = PagedKV(1, 4)
         try:
+            # A state type kvproxy.sglang does not move is refused by name
+            # (the supported ones move: test_sglang_topo.py).
             args = kv.args()
-            args.state_types = ["mamba"]
-            with self.assertRaises(NotImplementedError):
+            args.state_types = ["qsa_pending"]
+            args.state_data_ptrs, args.state_data_lens, args.state_item_lens = [[]], [[]], [[]]
+            with self.assertRaises(NotImplementedError) as cm:
                 ks.KvproxyKVManager(args, "decode", server_args(), config=config("decode0"))
-            for field in ({"pp_size": 2}, {"attn_cp_size": 2}):
+            self.assertIn("qsa_pending", str(cm.exception))
+            args = kv.args()
+            args.state_type = "mamba"  # the single state type of older sglang releases
+            with self.assertRaises(NotImplementedError) as cm:
+                ks.KvproxyKVManager(args, "decode", server_args(), config=config("decode0"))
+            self.assertIn("state_type", str(cm.exception))
+            for field in ({"attn_cp_size": 2}, {"dcp_size": 2}):
                 with self.assertRaises(NotImplementedError) as cm:
                     ks.KvproxyKVManager(kv.args(), "prefill", server_args(**field), config=config("prefill0"))
                 self.assertIn(next(iter(field)), str(cm.exception))

@@ -17,8 +17,9 @@ MIN all-reduce of ``poll()`` over each attention group. Cases:
   and a new sender for a room whose earlier sender ended works).
 * Plain DP (2 prefill replicas, ``round_robin``): the decode side resolves
   the prefill DP rank through ``/query_dp_ranks``.
-* An attention-TP mismatch and a KV-dtype mismatch: every rank of both sides
-  fails with code ``layout`` within 1 s, the reason naming both values.
+* A page-size mismatch and a KV-dtype mismatch: every rank of both sides
+  fails with code ``layout`` within 1 s, the reason naming both values
+  (different attention-TP sizes are served: test_sglang_topo.py).
 * Two prefill "nodes" in two network namespaces with one bootstrap server
   (on the ``dist_init_addr`` host): needs root and ``ip``; skips otherwise.
 
@@ -118,6 +119,7 @@ class Cluster:
         self.ranks: List[Dict[str, Any]] = []
         self.coord: Optional[sh.Coordinator] = None
         self.http: Optional[ThreadingHTTPServer] = None
+        self.killed: set = set()
 
     def daemon(self, node_id: str, peers: List[Tuple[str, str]], listen: str = "127.0.0.1", port: int = 0,
                netns: Optional[str] = None) -> NsDaemon:
@@ -194,6 +196,13 @@ class Cluster:
             self.coord.wait_event(lambda e, n=r["name"]: e.get("ev") == "up" and e["rank"] == n, T, f"up {r['name']}")
         return self.coord
 
+    def kill_rank(self, name: str) -> None:
+        """SIGKILL one rank process (a dying worker); close() does not count it as a failure."""
+        i = [r["name"] for r in self.ranks].index(name)
+        self.procs[i].kill()
+        self.procs[i].wait(timeout=T)
+        self.killed.add(i)
+
     def close(self) -> None:
         if self.coord is not None:
             self.coord.close()
@@ -203,7 +212,8 @@ class Cluster:
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
-        bad = [p.returncode for p in self.procs if p.returncode not in (0, None)]
+        bad = [(self.ranks[i]["name"], p.returncode) for i, p in enumerate(self.procs)
+               if p.returncode not in (0, None) and i not in self.killed]
         if self.http is not None:
             self.http.shutdown()
         for srv in self.boots:
@@ -380,9 +390,9 @@ class PlainDpTest(unittest.TestCase):
 
 
 class MismatchTest(unittest.TestCase):
-    """One decode rank (attention TP 1, KV dtype auto) against a prefill server
-    with attention TP 2 and one with KV dtype fp8_e4m3: layout failures on
-    every rank of both sides within 1 s, naming both values."""
+    """One decode rank (page size 16, KV dtype auto) against a prefill server
+    of attention TP 2 with page size 32 and one with KV dtype fp8_e4m3:
+    layout failures on every rank of both sides within 1 s, naming both values."""
 
     def test_tp_and_dtype_mismatch(self) -> None:
         c = Cluster("mismatch")
@@ -393,12 +403,12 @@ class MismatchTest(unittest.TestCase):
             tp2, fp8 = c.bootstrap(), c.bootstrap()
             for rank in range(2):
                 c.rank(name=f"tp{rank}", role="prefill", group="tp", engine_rank=rank, tp_size=2, bootstrap_port=tp2,
-                       socket=p.sock)
+                       page_size=32, socket=p.sock)
             c.rank(name="fp8", role="prefill", group="fp8", engine_rank=0, tp_size=1, bootstrap_port=fp8,
                    kv_cache_dtype="fp8_e4m3", socket=p.sock)
             c.rank(name="d0", role="decode", group="d0", engine_rank=0, tp_size=1, bootstrap_port=tp2, socket=d.sock)
             coord = c.start()
-            cases = [(5000, tp2, ["tp0", "tp1"], "attention TP size differs: decode 1, prefill (127.0.0.1:%d) 2" % tp2),
+            cases = [(5000, tp2, ["tp0", "tp1"], "page size differs: decode 16, prefill (127.0.0.1:%d) 32" % tp2),
                      (5001, fp8, ["fp8"], "KV cache dtype differs: decode auto, prefill (127.0.0.1:%d) fp8_e4m3" % fp8)]
             for room, port, prefill, why in cases:
                 r = {"room": room, "host": "127.0.0.1", "port": port, "src": [1], "dst": [2], "chunk": 1}

@@ -19,6 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import kvproxy.sglang as ks  # noqa: E402
 from kvproxy.sglang import _common as kc  # noqa: E402
+from kvproxy.sglang.layout import split  # noqa: E402
 
 
 class BootstrapServerTest(unittest.TestCase):
@@ -67,14 +68,14 @@ class HelpersTest(unittest.TestCase):
         self.assertEqual(kc.expand_runs([[4, 3], [9, 2]]), [4, 5, 6, 9, 10])
         self.assertEqual(kc.pair_runs([1, 2, 3, 7], [10, 11, 5, 6]), [(1, 10, 2), (3, 5, 1), (7, 6, 1)])
         segs = [(1, 0, 2, 100, 10), (1, 50, 2, 0, 25), (1, 90, 2, 40, 3)]
-        pieces = kc.split(segs, 2, 16)
+        pieces = split(segs, 2, 16, 65536)
         self.assertTrue(all(len(p) <= 2 and sum(s[4] for s in p) <= 16 for p in pieces), pieces)
         flat = [s for p in pieces for s in p]
         self.assertEqual(sum(s[4] for s in flat), 38)
         # Cut segments stay contiguous on both sides.
         self.assertEqual([s for s in flat if s[1] >= 50 and s[1] < 90],
                          [(1, 50, 2, 0, 6), (1, 56, 2, 6, 16), (1, 72, 2, 22, 3)])
-        self.assertEqual(kc.split([], 4, 16), [])
+        self.assertEqual(split([], 4, 16, 65536), [])
 
     def test_topology(self) -> None:
         """Attention ranks as sglang computes them: prefill's engine_rank is the

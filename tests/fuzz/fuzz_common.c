@@ -99,7 +99,12 @@ fuzz_node_init(struct kvp_node *n, struct kvp_config *cfg, const struct kvp_tran
 	atexit(rm_tmpdir);
 	snprintf(cfg->client_socket, sizeof(cfg->client_socket), "%s/client.sock", tmpdir);
 	snprintf(cfg->admin_socket, sizeof(cfg->admin_socket), "%s/admin.sock", tmpdir);
-	if (kvp_node_init(n, cfg, &tops, 1, 1, err, sizeof(err)) < 0) {
+	static struct kvp_node_env env;
+
+	kvp_node_env_init(&env);
+	env.tps[0] = tops;
+	env.ntps = env.nworkers = 1;
+	if (kvp_node_init(n, cfg, &env, err, sizeof(err)) < 0) {
 		fprintf(stderr, "fuzz: kvp_node_init: %s\n", err);
 		abort();
 	}
@@ -143,11 +148,11 @@ fuzz_drain_outbox(struct kvp_node *n, unsigned w, struct fuzz_outbox *ob)
 void
 fuzz_send_worker(struct kvp_node *n, int type, struct kvp_chan *ch)
 {
-	struct kvp_msg *m = kvp_node_msg(n, type);
+	struct kvp_msg *m = ctrl_msg(n, type);
 
 	REQUIRE(m != NULL, "control message pool empty (a message leaked)");
 	m->chan = ch;
-	REQUIRE(kvp_node_send(n, 0, m) == 0, "worker inbox full");
+	REQUIRE(ctrl_send(n, 0, m) == 0, "worker inbox full");
 }
 
 int

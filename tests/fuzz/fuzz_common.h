@@ -19,7 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "kvp_core.h"
+#include "ctrl_priv.h"
 #include "kvp_test.h"
 #include "kvp_test_core.h"
 

@@ -213,12 +213,7 @@ run_acceptor(struct fuzz_in *in, bool secret)
 	REQUIRE(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, sp) == 0,
 		"socketpair");
 	/* What kvp_peer_accept() does with a new connection. */
-	pc->fd = sp[0];
-	pc->have = 0;
-	pc->peer = -1;
-	pc->auth = false;
-	pc->deadline_ns = kvp_mono_ns() + 1000000000ull;
-	kvp_node_watch(&node, sp[0], EPOLLIN | EPOLLRDHUP, KVP_EP_PEER_PENDING, 0);
+	REQUIRE(peer_take_pending(&node, sp[0]) == 0, "pending slot 0 is taken");
 
 	memset(sent, 0, sizeof(sent));
 	size_t total = feed(in, sp[1], sent, sizeof(sent), accept_step);
@@ -285,7 +280,7 @@ run_dialer(struct fuzz_in *in, bool secret, uint16_t i)
 	memcpy(p->nonce, fixed_nonce, sizeof(p->nonce));
 	p->deadline_ns = kvp_mono_ns() + 1000000000ull;
 	p->backoff_ms = node.cfg.reconnect_ms;
-	kvp_node_watch(&node, sp[0], EPOLLIN | EPOLLRDHUP, KVP_EP_PEER_OUT, i);
+	peer_out_watch(&node, i, EPOLLIN | EPOLLRDHUP);
 	dial_peer = i;
 
 	memset(sent, 0, sizeof(sent));

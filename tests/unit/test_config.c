@@ -11,8 +11,9 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "kvp_config.h"
+#include "kvp_log.h"
 #include "kvp_test.h"
-#include "kvp_core.h"
 
 static char path[] = "/tmp/kvp-test-config-XXXXXX";
 

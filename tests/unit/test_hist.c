@@ -9,8 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kvp_worker.h"
 #include "kvp_test.h"
-#include "kvp_core.h"
 
 /* Bucket i holds (upper(i-1), upper(i)]. */
 static void

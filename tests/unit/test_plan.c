@@ -7,8 +7,8 @@
  */
 #include <string.h>
 
+#include "kvp_worker.h"
 #include "kvp_test.h"
-#include "kvp_core.h"
 
 #define MAXP 4096
 

@@ -6,8 +6,8 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "kvp_region.h"
 #include "kvp_test.h"
-#include "kvp_core.h"
 
 int
 main(void)

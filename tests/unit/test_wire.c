@@ -2,8 +2,8 @@
 /* Frame header validation: every field a peer controls is checked. */
 #include <errno.h>
 
+#include "kvp_wire.h"
 #include "kvp_test.h"
-#include "kvp_core.h"
 
 int
 main(void)

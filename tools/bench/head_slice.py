@@ -9,7 +9,8 @@ rank of a larger TP holds heads / dtp of those heads: from every token of
 every page of the request it needs a slice of the prefill rank's heads. The
 sliced transfer moves exactly that with strided segments (one descriptor per
 buffer and run of consecutive pages); the reference moves the same number of
-bytes as contiguous segments. Both are timed from the first submit to the
+bytes in the same pages as contiguous segments (as if the prefill rank held
+just those heads). Both are timed from the first submit to the
 last ``done`` completion, alternated --reps times, and reported with their
 ratio and the descriptor counts (also the count a per-token, per-head-range
 layout would need).
@@ -173,9 +174,11 @@ def main() -> int:
                                     dp.region.key, b * dp.buf_bytes + d0 * a.page * dst_tok,
                                     dst_tok, n * a.page, src_tok, dst_tok))
     total = sum(s[4] * s[5] for s in sliced)
-    # The reference: the same bytes, contiguous, in 8 MiB segments.
-    plain = [Segment(sp.region.key, off, dp.region.key, off, min(8 << 20, total - off))
-             for off in range(0, total, 8 << 20)]
+    # The reference: the same bytes in the same pages, unsliced (as if the prefill
+    # rank held just these heads): one contiguous segment per buffer and run.
+    plain = [Segment(sp.region.key, b * sp.buf_bytes + s0 * a.page * dst_tok,
+                     dp.region.key, b * dp.buf_bytes + d0 * a.page * dst_tok, n * a.page * dst_tok)
+             for b in range(nbuf) for s0, d0, n in runs(spages, dpages)]
     per_token = nbuf * a.tokens
     xs, xp = group(sliced, src.max_segments), group(plain, src.max_segments)
 

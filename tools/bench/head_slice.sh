@@ -4,9 +4,13 @@
 # of a 64-layer GQA model, 8 KV heads x 128, bf16, 64-token pages, 32k
 # tokens: one decode rank's 1 GiB share of one prefill rank) through strided
 # segments, against an unsliced transfer of the same bytes in the same run
-# (tools/bench/head_slice.py), pages contiguous and scattered.
+# (tools/bench/head_slice.py), pages contiguous and scattered; then the same
+# through kvproxy.sglang (tools/bench/sglang_head_slice.py: one prefill rank
+# serving its two decode ranks, 2 GiB, against the same bytes to one decode
+# rank of equal TP), on the same daemons (with --gpu: GPU memory, staged).
+# --no-adapter skips that part.
 #
-#   tools/bench/head_slice.sh [BUILD_DIR] [--gpu] [--reps N] [ARGS for head_slice.py]
+#   tools/bench/head_slice.sh [BUILD_DIR] [--gpu] [--reps N] [--no-adapter] [ARGS for head_slice.py]
 #
 # Here: two kvproxyd in two network namespaces joined by a veth pair (as
 # tcp_vs_iperf.sh), the decode daemon's worker on the other CPU. With --gpu
@@ -17,12 +21,14 @@ ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 BUILD=$ROOT/build
 GPU=0
 REPS=3
+ADAPTER=1
 ARGS=()
 while [[ $# -gt 0 ]]; do
 	case $1 in
 	--gpu) GPU=1; ARGS+=(--gpu); shift ;;
 	--reps) REPS=$2; shift 2 ;;
-	-h | --help) sed -n 3,14p "$0"; exit 0 ;;
+	--no-adapter) ADAPTER=0; shift ;;
+	-h | --help) sed -n 3,18p "$0"; exit 0 ;;
 	--*) ARGS+=("$1"); shift ;;
 	*) BUILD=$(cd "$1" && pwd); shift ;;
 	esac
@@ -51,3 +57,10 @@ for scatter in "" --scatter; do
 		--decode-sock "$(sock_of decode0)" --reps "$REPS" ${scatter:+"$scatter"} "${ARGS[@]}" \
 		--json "$KVP_TMP/head_slice${scatter:+_scatter}.json"
 done
+if [[ $ADAPTER == 1 ]]; then
+	for scatter in "" --scatter; do
+		python3 "$ROOT/tools/bench/sglang_head_slice.py" --prefill-sock "$(sock_of prefill0)" \
+			--decode-sock "$(sock_of decode0)" --reps "$REPS" ${scatter:+"$scatter"} "${ARGS[@]}" \
+			--json "$KVP_TMP/sglang_head_slice${scatter:+_scatter}.json"
+	done
+fi

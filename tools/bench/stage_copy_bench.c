@@ -22,7 +22,7 @@
 #include <unistd.h>
 #include <errno.h>
 
-#include "kvp_core.h"
+#include "kvp_transport.h"
 #include "kvp_cuda.h"
 #include "kvp_test.h"
 

@@ -30,13 +30,9 @@ TAG_BITS = 48
 PIECE_BITS = 16
 PIECE_MAX = (1 << PIECE_BITS) - 1
 FENCE_MASK = ~PIECE_MAX & ((1 << 64) - 1)
-# Version of the messages on the manager-to-manager channel.
-PROTO_VERSION = 2
-# Bytes per kvproxy transfer: many medium transfers keep the daemon's window
-# full and pipeline; a few huge ones (a long run of contiguous pages) do not.
-PIECE_BYTES = 32 << 20
-
-Seg = Tuple[int, int, int, int, int]
+# Version of the messages on the manager-to-manager channel (3: several
+# prefill ranks per decode rank and the other way round, state components).
+PROTO_VERSION = 3
 
 
 class KVPoll(enum.IntEnum):
@@ -69,8 +65,11 @@ class KVArgs:
     ``kv_item_lens`` (one entry per layer buffer; ``item_len`` is the bytes
     of one page), ``aux_data_ptrs``/``aux_data_lens``/``aux_item_lens``
     (per-request metadata rows), ``page_size``, ``system_dp_rank``,
-    ``pp_rank``, ``prefill_start_layer``; state buffers (``state_types``)
-    must be empty.
+    ``pp_rank``, ``prefill_start_layer``, ``kv_head_num``/``total_kv_head_num``
+    (MHA/GQA with different TP sizes), ``kv_layer_ids``, and the state
+    components: ``state_types`` with ``state_data_ptrs``/``state_data_lens``/
+    ``state_item_lens`` (one list per component), ``state_dim_per_tensor``,
+    ``state_slice_outer_counts``, ``state_conv_shard_groups``, ``state_layer_ids``.
     """
 
     engine_rank: int = 0
@@ -91,7 +90,8 @@ class KVArgs:
 
     def __init__(self, **kw: Any) -> None:
         for name in ("kv_data_ptrs", "kv_data_lens", "kv_item_lens", "aux_data_ptrs", "aux_data_lens",
-                     "aux_item_lens", "state_types"):
+                     "aux_item_lens", "state_types", "state_data_ptrs", "state_data_lens", "state_item_lens",
+                     "state_dim_per_tensor"):
             setattr(self, name, [])
         for k, v in kw.items():
             setattr(self, k, v)
@@ -191,11 +191,6 @@ def int_list(x: Any) -> List[int]:
     return [int(v) for v in x]
 
 
-def has_items(state_indices: Any) -> bool:
-    """True if sglang's state_indices names any state to move."""
-    return any(s is not None and len(s) > 0 for s in (state_indices or []))
-
-
 def runs(pages: Sequence[int]) -> List[List[int]]:
     """[[first, count], ...] of consecutive page indices."""
     out: List[List[int]] = []
@@ -225,25 +220,6 @@ def pair_runs(src: Sequence[int], dst: Sequence[int]) -> List[Tuple[int, int, in
         s0, d0, n = s, d, 1
     if n:
         out.append((s0, d0, n))
-    return out
-
-
-def split(segs: List[Seg], max_segs: int, max_bytes: int) -> List[List[Seg]]:
-    """Segments grouped into transfers of at most ``max_segs`` segments and
-    ``max_bytes`` bytes; a segment longer than what is left is cut."""
-    out: List[List[Seg]] = []
-    cur: List[Seg] = []
-    size = 0
-    for sk, so, dk, do, n in segs:
-        while n:
-            take = min(n, max_bytes - size)
-            cur.append((sk, so, dk, do, take))
-            so, do, n, size = so + take, do + take, n - take, size + take
-            if len(cur) == max_segs or size == max_bytes:
-                out.append(cur)
-                cur, size = [], 0
-    if cur:
-        out.append(cur)
     return out
 
 

@@ -45,6 +45,10 @@ class KvproxyConfig:
         host_ip: the address a prefill manager advertises for its channel
             (``KVPROXY_HOST_IP``, else sglang's ``SGLANG_HOST_IP``; default:
             the address of the interface that routes to the bootstrap server).
+        max_blocks: blocks one strided segment may carry (``KVPROXY_MAX_BLOCKS``;
+            default 65536, kvproxyd's default ``limits.max_blocks``: set it to
+            the daemon's value where that is lower); a head slice of a longer
+            run of pages becomes several segments.
         sq_entries, cq_entries: ring sizes asked of kvproxyd
             (``KVPROXY_SQ_ENTRIES``, ``KVPROXY_CQ_ENTRIES``; default 0: the
             daemon's ``limits.sq_entries``/``cq_entries``, which are also the
@@ -58,6 +62,7 @@ class KvproxyConfig:
     max_inflight: int = 16
     fence_timeout: float = 5.0
     host_ip: Optional[str] = None
+    max_blocks: int = 65536
     sq_entries: int = 0
     cq_entries: int = 0
 
@@ -70,6 +75,7 @@ class KvproxyConfig:
         "max_inflight": (("KVPROXY_MAX_INFLIGHT",), "count"),
         "fence_timeout": (("KVPROXY_FENCE_TIMEOUT",), "seconds"),
         "host_ip": (("KVPROXY_HOST_IP", "SGLANG_HOST_IP"), "str"),
+        "max_blocks": (("KVPROXY_MAX_BLOCKS",), "count"),
         "sq_entries": (("KVPROXY_SQ_ENTRIES",), "ring"),
         "cq_entries": (("KVPROXY_CQ_ENTRIES",), "ring"),
     }

@@ -22,6 +22,7 @@ from .._errors import KvproxyError
 from .._memory import RegionMap
 from ._common import KVArgs, mode_of
 from .config import KvproxyConfig
+from .layout import STATE_KINDS, state_kind
 from .topology import Topology, topology_of
 
 __all__ = ["KvproxyKVManager"]
@@ -74,8 +75,8 @@ class KvproxyKVManager:
     :param is_mla_backend: MLA KV layout (one latent buffer per layer).
     :param config: settings; default :meth:`KvproxyConfig.from_env`.
     :raises ValueError: bad settings, no socket configured, inconsistent KVArgs.
-    :raises NotImplementedError: model state buffers, pipeline-parallel
-        prefill, context parallelism, decode context parallelism (the reason says which).
+    :raises NotImplementedError: a model state type the adapter does not move
+        (named), context parallelism, decode context parallelism (the reason says which).
     :raises kvproxy.ConnectError: no kvproxyd at the socket.
     :raises kvproxy.KvproxyError: a buffer could not be registered (the daemon's reason).
     :raises OSError: a prefill manager cannot listen for its channel.
@@ -102,6 +103,13 @@ class KvproxyKVManager:
         self.system_dp_size, self.system_dp_rank = t.system_dp_size, t.system_dp_rank
         self.is_dummy_cp_rank = False  # context parallelism is refused at start
         self.kv_cache_dtype = str(getattr(server_args, "kv_cache_dtype", None) or "auto")
+        self.states = self._state_components(args, self.pp_size)
+        self.start_layer = int(getattr(args, "prefill_start_layer", 0) or 0)
+        self.total_kv_heads = int(getattr(args, "total_kv_head_num", 0) or 0)
+        self.local_kv_heads = int(getattr(args, "kv_head_num", 0) or 0)
+        if not self.total_kv_heads and self.local_kv_heads and not self.is_mla_backend:
+            self.total_kv_heads = self.local_kv_heads * self.attn_tp_size  # sglang's own fallback
+        self.kv_layer_ids = [int(x) for x in getattr(args, "kv_layer_ids", None) or []]
 
         ptrs, lens, items = (list(getattr(args, n, None) or []) for n in ("kv_data_ptrs", "kv_data_lens", "kv_item_lens"))
         aptrs, alens, aitems = (list(getattr(args, n, None) or []) for n in ("aux_data_ptrs", "aux_data_lens", "aux_item_lens"))
@@ -111,7 +119,11 @@ class KvproxyKVManager:
         if not len(aptrs) == len(alens) == len(aitems):
             raise ValueError(f"KVArgs: aux_data_ptrs/lens/item_lens differ in length: "
                              f"{len(aptrs)}/{len(alens)}/{len(aitems)}")
-        self._kv_buffers = [(int(p), int(n)) for p, n in zip(ptrs, lens)]
+        # KV and state buffers in one region map: one region per allocation
+        # (sglang's unified pools report one allocation as both), released together.
+        self._kv_buffers = [(int(p), int(n)) for p, n in zip(ptrs, lens)] + [
+            b for c in self.states for b in c["buffers"]]
+        self._nkv = len(ptrs)
         self._aux_buffers = [(int(p), int(n)) for p, n in zip(aptrs, alens)]
         self.kv_item_lens = [int(x) for x in items]
         self.aux_item_lens = [int(x) for x in aitems]
@@ -135,11 +147,11 @@ class KvproxyKVManager:
             self._aux = RegionMap(self.client, self._aux_buffers, self.gpu_id, allow_mirror=True)
             self._bg = _Worker(f"kvproxy-bg-{self.engine_rank}")
             if self.mode == "prefill":
-                from .sender import PrefillSide
+                from .prefill import PrefillSide
 
                 self.side = PrefillSide(self)
             else:
-                from .receiver import DecodeSide
+                from .decode import DecodeSide
 
                 self.side = DecodeSide(self)
         except BaseException:
@@ -153,50 +165,105 @@ class KvproxyKVManager:
         reaper = threading.Thread(target=self._reap_loop, name=f"kvproxy-reap-{self.engine_rank}", daemon=True)
         self._threads.append(reaper)
         reaper.start()
-        log.info("kvproxy %s manager (attention DP %d TP %d/%d) on %s: %d KV buffers, %d aux buffers, %d regions",
-                 self.mode, t.dp_group, t.attn_tp_rank, t.attn_tp_size, self.node_id, len(ptrs), len(aptrs),
+        log.info("kvproxy %s manager (attention DP %d TP %d/%d, PP %d/%d) on %s: %d KV buffers, %d aux buffers, "
+                 "state %s, %d regions", self.mode, t.dp_group, t.attn_tp_rank, t.attn_tp_size, t.pp_rank, t.pp_size,
+                 self.node_id, len(ptrs), len(aptrs), [c["type"] for c in self.states] or "none",
                  self._kv.region_count + self._aux.region_count)
 
     @staticmethod
     def _check_supported(args: Any, server_args: Any) -> None:
-        state_types = list(getattr(args, "state_types", None) or [])
         legacy = getattr(args, "state_type", "none")
-        if state_types or (legacy not in (None, "none")):
+        if legacy not in (None, "none") and not list(getattr(args, "state_types", None) or []):
             raise NotImplementedError(
-                f"kvproxy.sglang does not move model state buffers ({state_types or legacy}): "
-                "use it for models with a plain paged KV cache")
-        if int(getattr(server_args, "pp_size", 1) or 1) > 1:
-            raise NotImplementedError("kvproxy.sglang does not support pipeline parallelism (pp_size > 1)")
+                f"kvproxy.sglang does not read the single state_type {legacy!r} of older sglang releases "
+                "(it reads KVArgs.state_types)")
         if int(getattr(server_args, "attn_cp_size", 1) or 1) > 1:
             raise NotImplementedError("kvproxy.sglang does not support attention context parallelism (attn_cp_size > 1)")
         if int(getattr(args, "dcp_size", 1) or 1) > 1 or int(getattr(server_args, "dcp_size", 1) or 1) > 1:
             raise NotImplementedError("kvproxy.sglang does not support decode context parallelism (dcp_size > 1)")
 
+    @staticmethod
+    def _state_components(args: Any, pp_size: int) -> List[Dict[str, Any]]:
+        """sglang's state components (``state_types`` and the lists parallel to
+        it), each with its buffers; a type the adapter does not move is refused
+        here, by name, before any request."""
+        types = list(getattr(args, "state_types", None) or [])
+
+        def per(name: str) -> List[Any]:
+            v = list(getattr(args, name, None) or [])
+            return v + [None] * (len(types) - len(v))
+
+        ptrs, lens, items = per("state_data_ptrs"), per("state_data_lens"), per("state_item_lens")
+        dims, outer, groups, ids = (per("state_dim_per_tensor"), per("state_slice_outer_counts"),
+                                    per("state_conv_shard_groups"), per("state_layer_ids"))
+        out = []
+        for k, t in enumerate(types):
+            value = str(getattr(t, "value", t)).lower()
+            kind = state_kind(value)
+            if kind is None:
+                raise NotImplementedError(
+                    f"kvproxy.sglang does not move model state of type {value!r} (state component {k}); "
+                    f"it moves {sorted(STATE_KINDS)}")
+            if kind == "same-tp" and pp_size > 1:
+                raise NotImplementedError(f"kvproxy.sglang does not move state {value!r} with pipeline parallelism "
+                                          "(its buffers are compacted sparse-layer lists)")
+            p, n, it = (list(x or []) for x in (ptrs[k], lens[k], items[k]))
+            if not len(p) == len(n) == len(it):
+                raise ValueError(f"KVArgs: state component {k} ({value}): state_data_ptrs/lens/item_lens differ in "
+                                 f"length: {len(p)}/{len(n)}/{len(it)}")
+            out.append({"type": value, "buffers": [(int(a), int(b)) for a, b in zip(p, n)],
+                        "items": [int(x) for x in it], "dims": [int(x) for x in dims[k] or []],
+                        "outer": [int(x or 1) for x in outer[k] or []],
+                        "groups": [None if g is None else [int(x) for x in g] for g in groups[k] or []],
+                        "layer_ids": [int(x) for x in ids[k] or []]})
+        return out
+
     # ---- what both sides announce ----
 
     def layout_announce(self) -> Dict[str, Any]:
-        """What the other side compares before any request moves (the reason
-        of a mismatch names both values)."""
-        start = int(getattr(self.kv_args, "prefill_start_layer", 0) or 0) if self.mode == "prefill" else 0
+        """What the other side pairs its layout with before any request moves
+        (:func:`kvproxy.sglang.layout.build_plan`; a mismatch's reason names both values)."""
         per_layer = 1 if self.is_mla_backend else 2
         return {
             "attn_tp_size": self.topology.attn_tp_size,
+            "attn_tp_rank": self.topology.attn_tp_rank,
             "attn_cp_size": self.topology.attn_cp_size,
             "pp_size": self.topology.pp_size,
+            "pp_rank": self.topology.pp_rank,
             "page_size": self.page_size,
             "kv_cache_dtype": self.kv_cache_dtype,
             "is_mla": self.is_mla_backend,
-            "layers": [start, start + len(self.kv_item_lens) // per_layer],
+            "layers": [self.start_layer, self.start_layer + len(self.kv_item_lens) // per_layer],
             "kv_item_lens": list(self.kv_item_lens),
+            "kv_layer_ids": list(self.kv_layer_ids),
+            "total_kv_heads": self.total_kv_heads or None,
+            "local_kv_heads": self.local_kv_heads or None,
             "aux_item_lens": list(self.aux_item_lens),
+            "states": [{k: v for k, v in c.items() if k != "buffers"} for c in self.states],
         }
 
-    def _regions_layout(self) -> Dict[str, List[List[int]]]:
-        """Per buffer [region key, offset in region, item bytes, buffer bytes]."""
+    def kv_placements(self) -> List[Any]:
+        """The KV buffers' placements (region key, offset, length)."""
+        assert self._kv is not None
+        return self._kv.placements[:self._nkv]
+
+    def state_placements(self) -> List[List[Any]]:
+        """Per state component its buffers' placements."""
+        assert self._kv is not None
+        out, at = [], self._nkv
+        for c in self.states:
+            out.append(self._kv.placements[at:at + len(c["buffers"])])
+            at += len(c["buffers"])
+        return out
+
+    def _regions_layout(self) -> Dict[str, Any]:
+        """Per buffer [region key, offset in region, item bytes, buffer bytes]: KV, aux, per state component."""
         assert self._kv is not None and self._aux is not None
         return {
-            "kv": [[p.key, p.offset, item, p.length] for p, item in zip(self._kv.placements, self.kv_item_lens)],
+            "kv": [[p.key, p.offset, item, p.length] for p, item in zip(self.kv_placements(), self.kv_item_lens)],
             "aux": [[p.key, p.offset, item, p.length] for p, item in zip(self._aux.placements, self.aux_item_lens)],
+            "state": [[[p.key, p.offset, item, p.length] for p, item in zip(ps, c["items"])]
+                      for ps, c in zip(self.state_placements(), self.states)],
         }
 
     def refusal_locked(self) -> Optional[tuple]:
@@ -252,7 +319,8 @@ class KvproxyKVManager:
         return False
 
     def get_kv_replica_factor(self) -> int:
-        """Each destination gets one copy (equal attention TP on both sides)."""
+        """1: a sender's ``transfer_total_bytes`` already counts every byte it
+        sent to every decode rank it serves (MLA replicas included)."""
         return 1
 
     def deregister_buffer_to_engine(self) -> None:

@@ -1,13 +1,15 @@
 # SPDX-License-Identifier: BSD-3-Clause
-"""Decode side: the receiver of one request, and the manager's decode state.
+"""Decode side: the receiver of one request.
 
-A decode manager learns a prefill server's topology from its bootstrap
-server (``try_ensure_parallel_info``), resolves each request's prefill rank
-(``GET /route``, cached), and keeps one channel connection per prefill rank.
-The first exchange on a connection is a hello each way: the layouts are
-compared there (and the topology at ``try_ensure_parallel_info``), so a
-mismatch fails every affected request on both sides at once, with code
-``layout`` and a reason naming both values.
+A receiver hears from every prefill rank that holds part of its data (its
+attention-TP source ranks, in every pipeline stage: :mod:`kvproxy.sglang.decode`).
+Once each of them said hello, the receiver checks that their plans together
+write each of its buffers exactly once (:func:`kvproxy.sglang.layout.check_coverage`);
+``send_metadata()`` then sends each of them the same one message, and the
+request succeeds once every expected byte landed or every source reported
+success. A source that fails, or whose channel closes (its process or its
+kvproxyd died), fails the request with that source named: its pipeline
+stage and attention-TP rank.
 
 No late bytes: once a receiver's metadata may have reached the prefill side,
 giving the request up (``abort()``, ``clear()`` of an open receiver, a
@@ -23,321 +25,37 @@ that its transfers ended (or until the last moment one could land).
 
 from __future__ import annotations
 
-import http.client
-import itertools
-import json
 import logging
 import secrets
-import threading
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
 from .._client import Completion
-from .._errors import KvproxyError, RingFull
-from ._common import FENCE_MASK, FINAL, PIECE_BITS, PROTO_VERSION, TAG_BITS, KVPoll, RequestBase, has_items, int_list, runs
-from .bootstrap import PrefillInfo, RegistryError, registry_call
-from .channel import DEAD_PEER_S, Channel, Conn
-from .topology import layout_mismatch, split_hostport
+from ._common import FINAL, PROTO_VERSION, TAG_BITS, KVPoll, RequestBase, int_list, runs
+from .bootstrap import RegistryError
+from .channel import Conn
+from .decode import _DEFAULT_TRANSFER_TIMEOUT, _LAND_SLACK
+from .layout import LayoutError, check_coverage
 
-__all__ = ["KvproxyKVReceiver", "DecodeSide"]
+__all__ = ["KvproxyKVReceiver"]
 
 log = logging.getLogger("kvproxy.sglang")
 
-# What the decode side assumes of the prefill side's transfer deadline when
-# KVPROXY_TRANSFER_TIMEOUT is not set (kvproxyd's shipped timeouts.default_ms),
-# and the slack it adds before trusting that a request's data can no longer land.
-_DEFAULT_TRANSFER_TIMEOUT = 30.0
-_LAND_SLACK = 2.0
-_ROUTE_TIMEOUT = 2.0
 
+class _Src:
+    """One prefill rank a request's data comes from."""
 
-class DecodeSide:
-    """A decode manager's state: receivers, the prefill servers' topologies,
-    routes to prefill ranks, channel connections, fences."""
+    __slots__ = ("key", "conn", "done")
 
-    def __init__(self, mgr: Any) -> None:
-        self.mgr = mgr
-        self.receivers: Dict[int, KvproxyKVReceiver] = {}
-        self.by_tag: Dict[int, KvproxyKVReceiver] = {}
-        self.prefill_info_table: Dict[str, PrefillInfo] = {}
-        self.mismatch: Dict[str, Optional[str]] = {}
-        self.routes: Dict[Tuple[str, int, int, int, int], Tuple[str, int]] = {}
-        self.conns: Dict[Tuple[str, int], Conn] = {}
-        self.fences: Dict[int, KvproxyKVReceiver] = {}
-        self._fence_ids = itertools.count(1)
-        self.can_fence = callable(getattr(mgr.client, "fence", None))
-        self.channel = Channel(f"d{mgr.engine_rank}", self._on_message, self._on_open, self._on_close)
+    def __init__(self, key: Tuple[int, int, int, int], conn: Conn) -> None:
+        self.key = key
+        self.conn = conn
+        self.done = False  # it reported its outcome: none of its transfers is in flight
 
-    # ---- prefill servers ----
-
-    def try_ensure_parallel_info(self, addr: str) -> bool:
-        if addr in self.prefill_info_table:
-            return True
-        path = "/route?prefill_dp_rank=-1&prefill_cp_rank=-1&target_tp_rank=-1&target_pp_rank=-1"
-        try:
-            info = PrefillInfo.from_json(registry_call(addr, "GET", path, timeout=_ROUTE_TIMEOUT))
-        except (RegistryError, KeyError, TypeError, ValueError) as e:
-            log.debug("kvproxy decode: prefill info from %s: %s", addr, e)
-            return False
-        mine = self.mgr.layout_announce()
-        theirs = {"attn_tp_size": info.attn_tp_size, "attn_cp_size": info.attn_cp_size, "pp_size": info.pp_size,
-                  "page_size": info.page_size, "kv_cache_dtype": info.kv_cache_dtype}
-        why = layout_mismatch({k: mine[k] for k in theirs}, theirs, "decode", f"prefill ({addr})")
-        with self.mgr._lock:
-            self.prefill_info_table[addr] = info
-            self.mismatch[addr] = why
-            self.mgr._changed.notify_all()
-        if why:
-            log.error("kvproxy decode: prefill server %s cannot serve this decode server: %s", addr, why)
-        return True
-
-    def targets(self, info: PrefillInfo, dp: int) -> List[Tuple[int, int, int, int]]:
-        """The prefill ranks (dp, cp, tp, pp) that would send to this decode
-        rank, by sglang's mapping (one of them when the layouts agree)."""
-        me = self.mgr.topology
-        mine, theirs = me.attn_tp_size, max(info.attn_tp_size, 1)
-        r = me.attn_tp_rank
-        if mine == theirs:
-            tps = [r]
-        elif mine > theirs:
-            tps = [r // max(mine // theirs, 1)]
-        else:
-            n = theirs // mine
-            tps = list(range(r * n, (r + 1) * n))
-        cps = list(range(max(info.attn_cp_size, 1)))
-        pps = list(range(max(info.pp_size, 1)))
-        return [(dp, cp, tp, pp) for cp in cps for tp in tps for pp in pps]
-
-    def route(self, addr: str, key: Tuple[int, int, int, int]) -> Tuple[str, int]:
-        """Where prefill rank ``key`` of the server at ``addr`` listens (cached).
-
-        :raises RegistryError: the bootstrap server does not know it or cannot be reached.
-        """
-        full = (addr, *key)
-        ep = self.routes.get(full)
-        if ep is None:
-            dp, cp, tp, pp = key
-            d = registry_call(addr, "GET", f"/route?prefill_dp_rank={dp}&prefill_cp_rank={cp}"
-                              f"&target_tp_rank={tp}&target_pp_rank={pp}", timeout=_ROUTE_TIMEOUT)
-            try:
-                ep = (str(d["rank_ip"]), int(d["rank_port"]))
-            except (KeyError, TypeError, ValueError):
-                raise RegistryError(f"bootstrap server {addr}: bad route {d!r}") from None
-            self.routes[full] = ep
-        return ep
-
-    def conn_for_locked(self, ep: Tuple[str, int]) -> Conn:
-        """The channel connection to a prefill rank, dialled on first use (hello first)."""
-        conn = self.conns.get(ep)
-        if conn is None or not conn.open:
-            mgr = self.mgr
-            hello = {"t": "hello", "v": PROTO_VERSION, "role": "decode", "node_id": mgr.node_id,
-                     "layout": mgr.layout_announce(), "topology": mgr.topology.as_dict()}
-            conn = self.channel.connect(ep, first=hello)
-            conn.data["receivers"] = set()
-            self.conns[ep] = conn
-        return conn
-
-    def notify_locked(self, r: "KvproxyKVReceiver", keys: List[Tuple[int, int, int, int]], code: str,
-                      reason: str) -> None:
-        """Tell the prefill ranks ``keys`` that request ``r`` is dead (in the
-        background: routes may have to be fetched), so their senders fail now."""
-        addr, msg = r.bootstrap_addr, r._abort_msg(code, reason)
-
-        def run() -> None:
-            for key in keys:
-                try:
-                    ep = self.route(addr, key)
-                except RegistryError as e:
-                    log.debug("kvproxy decode: cannot tell prefill rank %s of room %d: %s", key, r.bootstrap_room, e)
-                    continue
-                with self.mgr._lock:
-                    conn = self.conn_for_locked(ep)
-                self.channel.send(conn, msg)
-
-        self.mgr.background(run)
-
-    # ---- channel (I/O thread) ----
-
-    def _on_open(self, conn: Conn) -> None:
-        pass  # the hello went out first
-
-    def _on_message(self, conn: Conn, msg: Dict[str, Any]) -> None:
-        kind = msg.get("t")
-        mgr = self.mgr
-        with mgr._lock:
-            if kind == "hello":
-                if msg.get("v") != PROTO_VERSION:
-                    conn.data["mismatch"] = f"channel version differs: decode {PROTO_VERSION}, prefill {msg.get('v')}"
-                else:
-                    conn.data["mismatch"] = layout_mismatch(mgr.layout_announce(), msg.get("layout") or {},
-                                                            "decode", f"prefill rank {conn.name}")
-                conn.hello = msg
-                for r in list(conn.data.get("receivers", ())):
-                    r._on_hello_locked()
-            elif kind == "status":
-                r = self.by_tag.get(msg.get("tag")) if isinstance(msg.get("tag"), int) else None
-                if r is not None and r.bootstrap_room == msg.get("room"):
-                    r._on_status_locked(msg)
-            elif kind == "error":
-                conn.data["mismatch"] = f"prefill rank {conn.name} refused the channel: {msg.get('reason')}"
-
-    def _on_close(self, conn: Conn, reason: str) -> None:
-        with self.mgr._lock:
-            if self.conns.get(conn.endpoint) is conn:
-                del self.conns[conn.endpoint]
-            # The rank may come back elsewhere (a restarted prefill server).
-            for k in [k for k, ep in self.routes.items() if ep == conn.endpoint]:
-                del self.routes[k]
-            for r in list(conn.data.get("receivers", ())):
-                r._give_up_locked("unreachable", f"the channel to prefill rank {conn.name} closed: {reason}")
-
-    # ---- fences ----
-
-    def start_fence_locked(self, r: "KvproxyKVReceiver") -> None:
-        """Fence ``r``'s tag in kvproxyd (completion: :meth:`on_completion`);
-        without a fence, fall back to waiting for the prefill side."""
-        if not self.can_fence:
-            r._fallback = True
-            return
-        if r._fence_id is None:
-            r._fence_id = next(self._fence_ids)
-            self.fences[r._fence_id] = r
-        r._t_fence = time.monotonic()
-        # How long the fence must refuse the request's bytes: the prefill side
-        # submits nothing more once it has the abort or saw the channel close
-        # (at most DEAD_PEER_S for a dead peer), and each transfer it already
-        # submitted ends by its deadline.
-        cfg = self.mgr.config
-        hold = DEAD_PEER_S + (cfg.transfer_timeout or _DEFAULT_TRANSFER_TIMEOUT) + _LAND_SLACK
-        try:
-            self.mgr.client.fence(r.tag << PIECE_BITS, FENCE_MASK, r._fence_id, hold=hold)
-            r._fence_retry = False
-        except RingFull:
-            r._fence_retry = True  # the reaper tries again within a tick
-        except KvproxyError as e:
-            log.warning("kvproxy decode: fence of room %d refused (%s): waiting for the prefill side instead",
-                        r.bootstrap_room, e)
-            self.fences.pop(r._fence_id, None)
-            r._fallback = True
-
-    def on_completion(self, c: Completion) -> None:
-        if c.kind == "landed":
-            r = self.by_tag.get(c.user_id >> PIECE_BITS)
-            if r is not None:
-                r._landed_locked(c)
-        elif c.kind == "fence":
-            r = self.fences.pop(c.user_id, None)
-            if r is None:
-                return
-            r._t_fenced = time.monotonic()
-            if c.ok:
-                r._end_locked()
-            else:
-                # e.g. no-buffers: the daemon's fence table was full, nothing was fenced.
-                log.warning("kvproxy decode: fence of room %d ended with %s: waiting for the prefill side instead",
-                            r.bootstrap_room, c.status_name)
-                r._fallback = True
-                r._check_fallback_locked(time.monotonic())
-
-    # ---- manager hooks ----
-
-    def wants_fast_poll(self) -> bool:
-        return False
-
-    def after_reap_locked(self) -> None:
-        pass
-
-    def tick_locked(self, now: float) -> None:
-        cfg = self.mgr.config
-        for r in list(self.receivers.values()):
-            if r._ending is not None:
-                if r._fence_retry:
-                    self.start_fence_locked(r)
-                elif r._fallback:
-                    r._check_fallback_locked(now)
-                elif r._t_fence is not None and now - r._t_fence > cfg.fence_timeout:
-                    log.error("kvproxy decode: kvproxyd did not confirm the fence of room %d within %g s",
-                              r.bootstrap_room, cfg.fence_timeout)
-                    r._end_locked()
-            elif r._state in (KVPoll.Bootstrapping, KVPoll.WaitingForInput) and now - r._t0 > cfg.bootstrap_timeout:
-                what = "the prefill rank never answered" if r._state == KVPoll.Bootstrapping else "no send_metadata()"
-                r._give_up_locked("bootstrap-timeout", f"{what} within {cfg.bootstrap_timeout:g} s "
-                                  f"(bootstrap server {r.bootstrap_addr})")
-            elif r._state == KVPoll.Transferring and r._complete():
-                r._finish_locked()  # sglang reads the aux row only after Success: copying it here is safe
-            elif r._state == KVPoll.Transferring and r._t_meta is not None and now - r._t_meta > cfg.waiting_timeout:
-                r._give_up_locked("waiting-timeout", f"{r._landed_bytes} of {r._expected} bytes landed within "
-                                  f"{cfg.waiting_timeout:g} s")
-
-    def forget_locked(self, r: "KvproxyKVReceiver") -> None:
-        """Drop a receiver that ended (sglang need not call clear())."""
-        if self.receivers.get(r.bootstrap_room) is r:
-            del self.receivers[r.bootstrap_room]
-        if self.by_tag.get(r.tag) is r:
-            del self.by_tag[r.tag]
-        if r._conn is not None:
-            r._conn.data.get("receivers", set()).discard(r)
-
-    def fail_all_locked(self, code: str, reason: str) -> None:
-        for r in list(self.receivers.values()):
-            r._give_up_locked(code, reason)
-
-    def quiescent_locked(self) -> bool:
-        return all(r._ending is None for r in self.receivers.values())
-
-    def on_daemon_gone_locked(self, why: str) -> None:
-        for r in list(self.receivers.values()):
-            r._post_abort_locked("daemon-gone", why)
-            r._ending = None
-            r._fail_locked("daemon-gone", why)  # its regions went with the daemon: nothing can land
-
-    def close_locked(self) -> None:
-        for r in list(self.receivers.values()):
-            r._post_abort_locked("closed", "the kvproxy manager is closed")
-            r._ending = None
-            r._fail_locked("closed", "the kvproxy manager is closed")  # the daemon drops our regions now
-
-    def shutdown(self) -> None:
-        self.channel.flush(1.0)
-        self.channel.close()
-
-    # ---- PD rebootstrap ----
-
-    def submit_prefill_recompute(self, r: "KvproxyKVReceiver", payload: Dict[str, Any]) -> None:
-        t = self.mgr.topology
-        if t.attn_tp_rank != 0 or t.attn_cp_rank != 0 or t.pp_rank != 0:
-            return  # the prefill frontend fans the request out to all its ranks: the leader posts once
-        info = self.prefill_info_table.get(r.bootstrap_addr)
-        if info is None or info.prefill_http_port is None:
-            with self.mgr._lock:
-                r._give_up_locked("rebootstrap", "could not resolve the prefill /generate URL from the bootstrap "
-                                  f"info of {r.bootstrap_addr} (no prefill_http_port)")
-            return
-        host, _ = split_hostport(r.bootstrap_addr)
-        port, timeout = info.prefill_http_port, self.mgr.config.waiting_timeout
-
-        def run() -> None:
-            try:
-                conn = http.client.HTTPConnection(host, port, timeout=timeout)
-                try:
-                    conn.request("POST", "/generate", body=json.dumps(payload).encode(),
-                                 headers={"Content-Type": "application/json"})
-                    resp = conn.getresponse()
-                    body = resp.read()[:512].decode(errors="replace")
-                finally:
-                    conn.close()
-                if resp.status >= 400:
-                    raise OSError(f"HTTP {resp.status}: {body}")
-            except (OSError, http.client.HTTPException) as e:
-                with self.mgr._lock:
-                    r._give_up_locked("rebootstrap", f"PD rebootstrap: POST http://{host}:{port}/generate for "
-                                      f"rid={payload.get('rid')} failed: {e}")
-
-        # Not the shared background thread: /generate answers only once the
-        # prefill server finished the request, and others must not queue behind it.
-        threading.Thread(target=run, name="kvproxy-rebootstrap", daemon=True).start()
-
+    @property
+    def name(self) -> str:
+        dp, _cp, tp, pp = self.key
+        return f"prefill PP stage {pp}, attention TP rank {tp} (DP {dp}) at {self.conn.name}"
 
 class KvproxyKVReceiver(RequestBase):
     """Decode side of one request (sglang's ``KVReceiver``; ``KVReceiver(mgr,
@@ -362,11 +80,10 @@ class KvproxyKVReceiver(RequestBase):
         self.prefill_dp_rank: Optional[int] = None
         self.require_staging = False  # sglang's staging path is not used
         self.target_pp_ranks = [0]
-        self._conn: Optional[Conn] = None
+        self._srcs: List[_Src] = []
         self._inited = False
         self._expected: Optional[int] = None
         self._landed_bytes = 0
-        self._prefill_done = False
         self._aux_index: Optional[int] = None
         self._meta_sent = False
         self._t_meta: Optional[float] = None
@@ -421,27 +138,30 @@ class KvproxyKVReceiver(RequestBase):
                 self._give_up_locked("unreachable", f"the prefill server's bootstrap server {addr} cannot be reached")
                 return
             keys = side.targets(info, self.prefill_dp_rank)
+            self.target_pp_ranks = sorted({k[3] for k in keys})
             why = side.mismatch.get(addr)
-            if why is None and len(keys) != 1:
-                why = f"attention TP size differs: decode {mgr.topology.attn_tp_size}, prefill {info.attn_tp_size}"
             if why is not None:
                 self._give_up_locked("layout", why)
                 side.notify_locked(self, keys, "layout", why)
                 return
-        try:
-            ep = side.route(addr, keys[0])
-        except RegistryError as e:
-            with mgr._lock:
-                self._give_up_locked("unreachable", f"no route to prefill rank (DP {keys[0][0]}, TP {keys[0][2]}): {e}")
-            return
+        eps = []
+        for key in keys:
+            try:
+                eps.append(side.route(addr, key))
+            except RegistryError as e:
+                with mgr._lock:
+                    self._give_up_locked("unreachable", f"no route to prefill PP stage {key[3]}, attention TP rank "
+                                         f"{key[2]} (DP {key[0]}): {e}")
+                    side.notify_locked(self, keys, "unreachable", str(e))
+                return
         with mgr._lock:
             if self._state in FINAL:
                 return
-            conn = side.conn_for_locked(ep)
-            self._conn = conn
-            conn.data["receivers"].add(self)
-            if conn.hello is not None:
-                self._on_hello_locked()
+            for key, ep in zip(keys, eps):
+                conn = side.conn_for_locked(ep)
+                self._srcs.append(_Src(key, conn))
+                conn.data["receivers"].add(self)
+            self._on_hello_locked()
 
     def send_metadata(self, kv_indices: Any, aux_index: Optional[int] = None, state_indices: Any = None,
                       decode_prefix_len: Optional[int] = None, **_kw: Any) -> None:
@@ -453,26 +173,33 @@ class KvproxyKVReceiver(RequestBase):
         with mgr._lock:
             if self._state in FINAL or self._ending is not None:
                 return
-            if self._state != KVPoll.WaitingForInput or self._conn is None:
+            if self._state != KVPoll.WaitingForInput or not self._srcs:
                 self._give_up_locked("protocol", f"send_metadata() in state {self._state.name}")
                 return
-            if has_items(state_indices):
-                self._give_up_locked("unsupported", "state buffers (mamba/SWA/DSA) are not moved by kvproxy.sglang")
-                return
+            sidx: List[Optional[List[int]]] = [None] * len(mgr.states)
+            if state_indices is not None and any(x is not None and len(x) for x in state_indices):
+                if len(state_indices) != len(mgr.states):
+                    self._give_up_locked("layout", f"send_metadata() got state indices for {len(state_indices)} "
+                                         f"components, the manager has {len(mgr.states)} "
+                                         f"({[c['type'] for c in mgr.states]})")
+                    return
+                sidx = [None if x is None else int_list(x) for x in state_indices]
             refusal = mgr.refusal_locked()
             if refusal is not None:
                 self._give_up_locked(*refusal)
                 return
             self._aux_index = None if aux_index is None or not mgr.aux_item_lens else int(aux_index)
-            self._expected = len(pages) * mgr.kv_page_bytes + (
-                sum(mgr.aux_item_lens) if self._aux_index is not None else 0)
+            counts = [len(x or []) for x in sidx]
+            self._expected = sum(src.conn.data["plan"].bytes(len(pages), self._aux_index is not None, counts)
+                                 for src in self._srcs)
             xfer_s = mgr.config.transfer_timeout or _DEFAULT_TRANSFER_TIMEOUT
             self._land_within = mgr.config.waiting_timeout + xfer_s
             regions = mgr._regions_layout()
             meta = {
                 "t": "meta", "v": PROTO_VERSION, "room": self.bootstrap_room, "tag": self.tag,
                 "node_id": mgr.node_id, "engine_rank": mgr.engine_rank,
-                "kv": regions["kv"], "aux": regions["aux"], "pages": runs(pages), "aux_index": self._aux_index,
+                "kv": regions["kv"], "aux": regions["aux"], "state": regions["state"], "pages": runs(pages),
+                "aux_index": self._aux_index, "state_indices": sidx,
                 "decode_prefix_len": int(decode_prefix_len or 0),
                 # The prefill side submits nothing later than this after the
                 # metadata arrived, each transfer ending this soon after.
@@ -480,10 +207,11 @@ class KvproxyKVReceiver(RequestBase):
                 "transfer_timeout_ms": int(xfer_s * 1000),
             }
             self._t_meta = time.monotonic()
-            if not mgr.side.channel.send(self._conn, meta):
-                self._give_up_locked("unreachable", f"the channel to prefill rank {self._conn.name} is closed")
-                return
-            self._meta_sent = True  # from here on the prefill side may hold it
+            for src in self._srcs:
+                if not mgr.side.channel.send(src.conn, meta):
+                    self._give_up_locked("unreachable", f"the channel to {src.name} is closed")
+                    return
+                self._meta_sent = True  # from here on the prefill side may hold it
             self._set_locked(KVPoll.Transferring)
             if self._expected == 0:
                 self._finish_locked()
@@ -499,6 +227,11 @@ class KvproxyKVReceiver(RequestBase):
         """Every expected byte landed (or the prefill side reported success) and no give-up is under way."""
         return self._ending is None and self._expected is not None and (
             self._landed_bytes >= self._expected or self._prefill_done)
+
+    @property
+    def _prefill_done(self) -> bool:
+        """Every source reported its outcome (none of their transfers is in flight)."""
+        return bool(self._srcs) and all(src.done for src in self._srcs)
 
     def failure_exception(self) -> None:
         """Raise the request's :class:`KVTransferError`. sglang calls it when the
@@ -537,8 +270,10 @@ class KvproxyKVReceiver(RequestBase):
                 "code": code, "reason": reason}
 
     def _post_abort_locked(self, code: str, reason: str) -> None:
-        if self._conn is not None and self._state not in FINAL:
-            self.kv_mgr.side.channel.send(self._conn, self._abort_msg(code, reason))
+        if self._state not in FINAL:
+            for src in self._srcs:
+                if not src.done:
+                    self.kv_mgr.side.channel.send(src.conn, self._abort_msg(code, reason))
 
     def _give_up_locked(self, code: str, reason: str, completion: Optional[Completion] = None,
                         from_prefill: bool = False) -> None:
@@ -546,8 +281,7 @@ class KvproxyKVReceiver(RequestBase):
         only after the fence (see the module docstring)."""
         if self._state in FINAL or self._ending is not None:
             return
-        if not from_prefill:
-            self._post_abort_locked(code, reason)
+        self._post_abort_locked(code, reason)  # to every source that has not ended
         if not self._meta_sent or self.kv_mgr._gone is not None:
             self._fail_locked(code, reason, completion, from_prefill)
             self.kv_mgr.side.forget_locked(self)
@@ -599,27 +333,43 @@ class KvproxyKVReceiver(RequestBase):
     # ---- events (manager lock held) ----
 
     def _on_hello_locked(self) -> None:
-        conn = self._conn
-        if conn is None or self._state != KVPoll.Bootstrapping or conn.hello is None:
+        """Once every source's hello is in: their plans must pair with this
+        rank's layout and together write each of its buffers exactly once."""
+        if self._state != KVPoll.Bootstrapping or not self._srcs or any(s.conn.hello is None for s in self._srcs):
             return
-        why = conn.data.get("mismatch")
-        if why:
-            self._give_up_locked("layout", why)
-        else:
-            self._set_locked(KVPoll.WaitingForInput)
+        for src in self._srcs:
+            why = src.conn.data.get("mismatch")
+            if why:
+                self._give_up_locked("layout", f"{why}; {src.name}")
+                return
+        try:
+            check_coverage(self.kv_mgr.layout_announce(), [src.conn.data["plan"] for src in self._srcs])
+        except LayoutError as e:
+            self._give_up_locked("layout", f"{e} (sources: {', '.join(src.name for src in self._srcs)})")
+            return
+        self._set_locked(KVPoll.WaitingForInput)
 
-    def _on_status_locked(self, msg: Dict[str, Any]) -> None:
+    def _src_of(self, conn: Conn) -> Optional[_Src]:
+        return next((s for s in self._srcs if s.conn is conn), None)
+
+    def _source_lost_locked(self, conn: Conn, reason: str) -> None:
+        src = self._src_of(conn)
+        if src is not None and not src.done:
+            self._give_up_locked("unreachable", f"the channel to {src.name} closed: {reason}")
+
+    def _on_status_locked(self, conn: Conn, msg: Dict[str, Any]) -> None:
         state = msg.get("state")
-        if state not in ("success", "failed", "aborted"):
+        src = self._src_of(conn)
+        if src is None or state not in ("success", "failed", "aborted"):
             return
-        self._prefill_done = True  # none of its transfers is in flight any more
+        src.done = True  # none of its transfers is in flight any more
         if self._ending is not None:
             self._check_fallback_locked(time.monotonic())  # what the fallback waits for
             return
         if state == "success":
             self.kv_mgr._changed.notify_all()
             return
-        self._give_up_locked(str(msg.get("code", "?")), f"prefill side ({msg.get('node_id', '?')}): "
+        self._give_up_locked(str(msg.get("code", "?")), f"{src.name} ({msg.get('node_id', '?')}): "
                              f"{msg.get('reason', '?')}", from_prefill=True)
 
     def _landed_locked(self, c: Completion) -> None:

@@ -26,7 +26,7 @@
 #include <rte_mempool.h>
 #include <rte_ring.h>
 
-#include "kvp_core.h"
+#include "ctrl_priv.h"
 
 #define MSG_POOL_SIZE 4095
 #define REAP_PERIOD_NS 10000000ull
@@ -87,82 +87,6 @@ kvp_node_fd_limit(const struct kvp_config *cfg, bool raise, char *msg, size_t ms
 		 (unsigned)(other - (2ull * cfg->tcp_conns + 1) * cfg->npeers),
 		 (uint64_t)rl.rlim_cur, (uint64_t)rl.rlim_max, fit);
 	return -EMFILE;
-}
-
-static int
-watch_ctl(struct kvp_node *n, int op, int fd, uint32_t events, enum kvp_ep_kind k, uint32_t idx)
-{
-	struct epoll_event ev = { .events = events, .data.u64 = kvp_ep_tag(k, idx) };
-
-	return epoll_ctl(n->epfd, op, fd, &ev) < 0 ? -errno : 0;
-}
-
-int
-kvp_node_watch(struct kvp_node *n, int fd, uint32_t events, enum kvp_ep_kind k, uint32_t idx)
-{
-	return watch_ctl(n, EPOLL_CTL_ADD, fd, events, k, idx);
-}
-
-int
-kvp_node_rewatch(struct kvp_node *n, int fd, uint32_t events, enum kvp_ep_kind k, uint32_t idx)
-{
-	return watch_ctl(n, EPOLL_CTL_MOD, fd, events, k, idx);
-}
-
-void
-kvp_node_unwatch(struct kvp_node *n, int fd)
-{
-	epoll_ctl(n->epfd, EPOLL_CTL_DEL, fd, NULL);
-}
-
-struct kvp_msg *
-kvp_node_msg(struct kvp_node *n, int type)
-{
-	struct kvp_msg *m;
-
-	if (rte_mempool_get(n->msg_pool, (void **)&m) < 0)
-		return NULL;
-	memset(m, 0, sizeof(*m));
-	m->type = type;
-	m->fd = -1;
-	return m;
-}
-
-int
-kvp_node_send(struct kvp_node *n, unsigned worker, struct kvp_msg *m)
-{
-	struct kvp_worker *w = &n->workers[worker];
-	uint64_t one = 1;
-
-	if (rte_ring_enqueue(w->inbox, m) < 0) {
-		rte_mempool_put(n->msg_pool, m);
-		return -ENOBUFS;
-	}
-	if (write(w->evfd, &one, sizeof(one)) < 0) {
-		/* EAGAIN: the counter is saturated; the worker wakes anyway. */
-	}
-	return 0;
-}
-
-int
-kvp_node_accept_spare(struct kvp_node *n, int lfd)
-{
-	int fd = -1;
-
-	if (n->spare_fd >= 0) {
-		close(n->spare_fd);
-		n->spare_fd = -1;
-		fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
-	}
-	return fd;
-}
-
-bool
-kvp_node_spare_restore(struct kvp_node *n)
-{
-	if (n->spare_fd < 0)
-		n->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
-	return n->spare_fd >= 0;
 }
 
 /*
@@ -275,19 +199,44 @@ err_report:
 	return -e;
 }
 
+/* Regions of departed clients are unmapped once their last transfer ends. */
+static void
+reap(struct kvp_node *n, uint64_t now)
+{
+	(void)now;
+	kvp_region_reap(&n->regions);
+}
+
+void
+kvp_node_env_init(struct kvp_node_env *env)
+{
+	memset(env, 0, sizeof(*env));
+	env->rdma_ports = -ENOSYS;
+	snprintf(env->rdma_why, sizeof(env->rdma_why), "not probed (transport = tcp)");
+	snprintf(env->transport_why, sizeof(env->transport_why), "configured");
+}
+
 int
 kvp_node_init(struct kvp_node *n, const struct kvp_config *cfg,
-	      const struct kvp_transport_ops *const *tps, unsigned ntps, unsigned nworkers,
-	      char *err, size_t errlen)
+	      const struct kvp_node_env *env, char *err, size_t errlen)
 {
+	const struct kvp_transport_ops *const *tps = env->tps;
+	unsigned ntps = env->ntps, nworkers = env->nworkers;
 	int rc, admin_lock = -1;
 
 	memset(n, 0, sizeof(*n));
+	if (ntps == 0 || ntps > KVP_TP_MAX || nworkers == 0 || nworkers > KVP_WORKERS_MAX) {
+		snprintf(err, errlen, "%u transport(s) and %u worker(s): 1..%u and 1..%u", ntps,
+			 nworkers, KVP_TP_MAX, KVP_WORKERS_MAX);
+		return -EINVAL;
+	}
 	n->cfg = *cfg;
+	n->env = *env;
 	n->tops = tps[0];
 	n->start_ns = kvp_mono_ns();
-	n->client_lfd = n->admin_lfd = n->peer_lfd = n->lock_fd = n->evfd = n->epfd = -1;
-	n->spare_fd = -1;
+	n->client_lfd = n->admin_lfd = n->peer_lfd = n->lock_fd = -1;
+	n->loop.epfd = n->loop.evfd = n->loop.spare_fd = -1;
+	n->client_lw.fd = n->admin_lw.fd = n->peer_lw.fd = -1;
 	for (unsigned i = 0; i < KVP_ADMIN_CONNS; i++)
 		n->admin[i].fd = -1;
 	for (unsigned i = 0; i < KVP_PENDING_MAX; i++)
@@ -303,9 +252,6 @@ kvp_node_init(struct kvp_node *n, const struct kvp_config *cfg,
 		return rc;
 	}
 	n->clients = calloc(cfg->max_clients, sizeof(*n->clients));
-	n->rdma_ports = -ENOSYS;
-	snprintf(n->rdma_why, sizeof(n->rdma_why), "not probed (transport = tcp)");
-	snprintf(n->transport_why, sizeof(n->transport_why), "configured");
 	/* The Prometheus text is rendered into one buffer for the file and the admin socket. */
 	n->stats_buf = malloc(KVP_STATS_TEXT_MAX);
 	if (!n->stats_buf) {
@@ -332,14 +278,12 @@ kvp_node_init(struct kvp_node *n, const struct kvp_config *cfg,
 		rc = -ENOMEM;
 		goto err;
 	}
-	n->epfd = epoll_create1(EPOLL_CLOEXEC);
-	n->evfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-	if (!n->clients || !n->msg_pool || n->epfd < 0 || n->evfd < 0) {
-		rc = -ENOMEM;
-		snprintf(err, errlen, "control plane resources: %s", strerror(errno ? errno : ENOMEM));
+	rc = loop_init(n);
+	if (!n->clients || !n->msg_pool || rc < 0) {
+		snprintf(err, errlen, "control plane resources: %s", strerror(rc < 0 ? -rc : ENOMEM));
+		rc = rc < 0 ? rc : -ENOMEM;
 		goto err;
 	}
-	kvp_node_watch(n, n->evfd, EPOLLIN, KVP_EP_EVFD, 0);
 
 	n->workers = calloc(nworkers, sizeof(*n->workers));
 	if (!n->workers) {
@@ -350,8 +294,9 @@ kvp_node_init(struct kvp_node *n, const struct kvp_config *cfg,
 		struct kvp_worker *w = &n->workers[i];
 
 		rc = kvp_worker_init(w, i, &n->cfg, &n->regions, n->msg_pool);
+		w->lcore = env->lcores[i];
 		if (rc == 0) {
-			w->main_evfd = n->evfd;
+			w->main_evfd = n->loop.evfd;
 			rc = kvp_worker_transports(w, tps, ntps);
 		}
 		if (rc < 0) {
@@ -363,8 +308,6 @@ kvp_node_init(struct kvp_node *n, const struct kvp_config *cfg,
 		n->nworkers = i + 1;
 	}
 
-	/* Kept to accept (and refuse, with the reason) a client when no fd is left. */
-	n->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
 	/*
 	 * Both sockets in one missing directory but for different groups: 0755
 	 * (the sockets' own 0660 modes and SO_PEERCRED still decide who gets in).
@@ -398,9 +341,21 @@ kvp_node_init(struct kvp_node *n, const struct kvp_config *cfg,
 	n->admin_lfd = rc;
 	/* One lock fd is enough to keep: the admin lock lives as long as the process. */
 	(void)admin_lock;
-	kvp_node_watch(n, n->client_lfd, EPOLLIN, KVP_EP_CLIENT_LISTEN, 0);
-	kvp_node_watch(n, n->admin_lfd, EPOLLIN, KVP_EP_ADMIN_LISTEN, 0);
-	rc = kvp_peer_listen(n, err, errlen);
+	/* Each module watches what it owns and registers its methods, messages and timers. */
+	rc = client_srv_init(n);
+	if (rc == 0)
+		rc = admin_conn_init(n);
+	if (rc < 0) {
+		snprintf(err, errlen, "control plane sockets: %s", strerror(-rc));
+		goto err;
+	}
+	admin_methods_init(n);
+	rails_init(n);
+	doctor_init(n);
+	stats_init(n);
+	stats_file_init(n);
+	loop_every(n, &n->reap_timer, REAP_PERIOD_NS, reap);
+	rc = peer_init(n, err, errlen);
 	if (rc < 0)
 		goto err;
 	return 0;
@@ -409,110 +364,22 @@ err:
 	return rc < 0 ? rc : -ENOMEM;
 }
 
-static void
-drain_outboxes(struct kvp_node *n)
-{
-	uint64_t v;
-
-	if (read(n->evfd, &v, sizeof(v)) < 0) {
-		/* EAGAIN: nothing rang; outboxes are drained anyway. */
-	}
-	for (unsigned i = 0; i < n->nworkers; i++) {
-		struct kvp_msg *msgs[32];
-		unsigned cnt;
-
-		while ((cnt = rte_ring_dequeue_burst(n->workers[i].outbox, (void **)msgs, 32,
-						     NULL)) > 0) {
-			for (unsigned k = 0; k < cnt; k++) {
-				struct kvp_msg *m = msgs[k];
-
-				if (m->type == KVP_MSG_CONN_DOWN)
-					kvp_peer_conn_down(n, m->peer, m->link, m->outgoing, m->reason);
-				else if (m->type == KVP_MSG_CHAN_GONE)
-					kvp_client_gone(n, m->chan);
-				else if (m->type == KVP_MSG_CHAN_BROKEN)
-					kvp_client_broken(n, m->chan, m->reason);
-				rte_mempool_put(n->msg_pool, m);
-			}
-		}
-	}
-}
-
 void
 kvp_node_poll(struct kvp_node *n, int timeout_ms)
 {
-	struct epoll_event evs[32];
-	int cnt = epoll_wait(n->epfd, evs, 32, timeout_ms);
-
-	for (int i = 0; i < cnt; i++) {
-		enum kvp_ep_kind k = (enum kvp_ep_kind)(evs[i].data.u64 >> 32);
-		uint32_t idx = (uint32_t)evs[i].data.u64;
-
-		switch (k) {
-		case KVP_EP_EVFD:
-			drain_outboxes(n);
-			break;
-		case KVP_EP_CLIENT_LISTEN:
-			kvp_client_accept(n);
-			break;
-		case KVP_EP_CLIENT:
-			kvp_client_input(n, idx);
-			break;
-		case KVP_EP_ADMIN_LISTEN:
-			kvp_admin_accept(n);
-			break;
-		case KVP_EP_ADMIN:
-			kvp_admin_event(n, idx, evs[i].events);
-			break;
-		case KVP_EP_PEER_LISTEN:
-			kvp_peer_accept(n);
-			break;
-		case KVP_EP_PEER_PENDING:
-			kvp_peer_pending_input(n, idx);
-			break;
-		case KVP_EP_PEER_OUT:
-			kvp_peer_out_event(n, (uint16_t)idx, evs[i].events);
-			break;
-		}
-	}
-	uint64_t now = kvp_mono_ns();
-	kvp_peer_timers(n, now);
-	if (n->cfg.stats_file[0] && n->cfg.stats_interval_ms && now >= n->next_stats_ns) {
-		kvp_stats_write_file(n);
-		n->next_stats_ns = now + (uint64_t)n->cfg.stats_interval_ms * 1000000;
-	}
-	if (now >= n->next_reap_ns) {
-		kvp_client_timers(n, now);
-		kvp_admin_timers(n, now);
-		/* Regions of departed clients are unmapped once their last transfer ends. */
-		kvp_region_reap(&n->regions);
-		n->next_reap_ns = now + REAP_PERIOD_NS;
-	}
+	loop_run(n, timeout_ms);
 }
 
 void
 kvp_node_stop_workers(struct kvp_node *n)
 {
 	for (unsigned i = 0; i < n->nworkers; i++) {
-		struct kvp_msg *m = kvp_node_msg(n, KVP_MSG_QUIT);
+		struct kvp_msg *m = ctrl_msg(n, KVP_MSG_QUIT);
 
 		n->workers[i].quit = true;
 		if (m)
-			kvp_node_send(n, i, m);
+			ctrl_send(n, i, m);
 	}
-}
-
-void
-kvp_node_set_draining(struct kvp_node *n, bool on)
-{
-	if (on && !n->draining)
-		n->drain_since_ns = kvp_mono_ns();
-	n->draining = on;
-	/* Workers poll the flag with a relaxed load at their next submission. */
-	for (unsigned i = 0; i < n->nworkers; i++)
-		__atomic_store_n(&n->workers[i].draining, on, __ATOMIC_RELAXED);
-	KVP_LOG(NOTICE, core, "%s", on ? "draining: new submissions are refused with \"shutdown\""
-				       : "drain ended: admitting new submissions");
 }
 
 void
@@ -547,12 +414,7 @@ kvp_node_fini(struct kvp_node *n)
 	}
 	if (n->lock_fd >= 0)
 		close(n->lock_fd);
-	if (n->spare_fd >= 0)
-		close(n->spare_fd);
-	if (n->evfd >= 0)
-		close(n->evfd);
-	if (n->epfd >= 0)
-		close(n->epfd);
+	loop_fini(n);
 	for (unsigned i = 0; i < KVP_ADMIN_CONNS; i++)
 		free(n->admin[i].buf);
 	rte_mempool_free(n->msg_pool);

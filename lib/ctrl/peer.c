@@ -25,7 +25,7 @@
 #include <openssl/hmac.h>
 #include <rte_mempool.h>
 
-#include "kvp_core.h"
+#include "ctrl_priv.h"
 
 #define BACKOFF_MAX_MS 5000u
 #define HELLO_LEN      (sizeof(struct kvp_wire_hdr) + sizeof(struct kvp_wire_hello))
@@ -76,6 +76,8 @@ resolve(const char *host, uint16_t port, bool passive, struct sockaddr_storage *
 	return 0;
 }
 
+static void on_listen(struct kvp_node *n, void *arg, uint32_t events);
+
 int
 kvp_peer_listen(struct kvp_node *n, char *err, size_t errlen)
 {
@@ -99,7 +101,7 @@ kvp_peer_listen(struct kvp_node *n, char *err, size_t errlen)
 		return -e;
 	}
 	n->peer_lfd = fd;
-	return kvp_node_watch(n, fd, EPOLLIN, KVP_EP_PEER_LISTEN, 0);
+	return loop_watch(n, &n->peer_lw, fd, EPOLLIN, on_listen, NULL);
 }
 
 static void
@@ -183,7 +185,7 @@ read_hello(int fd, uint8_t *buf, uint32_t *have)
 static int
 hand_over(struct kvp_node *n, uint16_t peer, uint8_t link, int fd, bool outgoing, uint64_t epoch)
 {
-	struct kvp_msg *m = kvp_node_msg(n, KVP_MSG_CONN_ADD);
+	struct kvp_msg *m = ctrl_msg(n, KVP_MSG_CONN_ADD);
 	int one = 1;
 
 	if (!m)
@@ -196,7 +198,7 @@ hand_over(struct kvp_node *n, uint16_t peer, uint8_t link, int fd, bool outgoing
 	m->outgoing = outgoing;
 	m->epoch = epoch;
 	/* One worker owns every connection while the node runs a single worker. */
-	return kvp_node_send(n, 0, m);
+	return ctrl_send(n, 0, m);
 }
 
 static void
@@ -206,7 +208,7 @@ out_fail(struct kvp_node *n, uint16_t i, const char *why)
 	uint64_t now = kvp_mono_ns();
 
 	if (p->out_fd >= 0) {
-		kvp_node_unwatch(n, p->out_fd);
+		loop_unwatch(n, &p->out_watch);
 		close(p->out_fd);
 		p->out_fd = -1;
 	}
@@ -266,7 +268,7 @@ out_start(struct kvp_node *n, uint16_t i, uint64_t now)
 	p->out_state = KVP_LINK_CONNECTING;
 	p->deadline_ns = now + (uint64_t)n->cfg.connect_timeout_ms * 1000000;
 	p->have = 0;
-	kvp_node_watch(n, fd, EPOLLOUT | EPOLLIN, KVP_EP_PEER_OUT, i);
+	peer_out_watch(n, i, EPOLLOUT | EPOLLIN);
 }
 
 void
@@ -296,7 +298,7 @@ kvp_peer_out_event(struct kvp_node *n, uint16_t i, uint32_t events)
 			out_fail(n, i, "cannot send HELLO");
 			return;
 		}
-		kvp_node_rewatch(n, p->out_fd, EPOLLIN | EPOLLRDHUP, KVP_EP_PEER_OUT, i);
+		loop_rewatch(n, &p->out_watch, EPOLLIN | EPOLLRDHUP);
 		p->out_state = KVP_LINK_HELLO;
 		return;
 	}
@@ -356,7 +358,7 @@ kvp_peer_out_event(struct kvp_node *n, uint16_t i, uint32_t events)
 		return;
 	}
 	int fd = p->out_fd;
-	kvp_node_unwatch(n, fd);
+	loop_unwatch(n, &p->out_watch);
 	p->out_fd = -1;
 	if (hand_over(n, i, p->out_link, fd, true, p->epoch) < 0) {
 		close(fd);
@@ -372,13 +374,18 @@ kvp_peer_out_event(struct kvp_node *n, uint16_t i, uint32_t events)
 	out_start(n, i, kvp_mono_ns());
 }
 
-void
-kvp_peer_accept(struct kvp_node *n)
+static void
+on_pending(struct kvp_node *n, void *arg, uint32_t events)
 {
-	int fd = accept4(n->peer_lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+	struct kvp_pending_conn *pc = arg;
 
-	if (fd < 0)
-		return;
+	(void)events;
+	kvp_peer_pending_input(n, (uint32_t)(pc - n->pending));
+}
+
+int
+peer_take_pending(struct kvp_node *n, int fd)
+{
 	for (uint32_t i = 0; i < KVP_PENDING_MAX; i++) {
 		struct kvp_pending_conn *pc = &n->pending[i];
 
@@ -389,18 +396,28 @@ kvp_peer_accept(struct kvp_node *n)
 		pc->peer = -1;
 		pc->auth = false;
 		pc->deadline_ns = kvp_mono_ns() + (uint64_t)n->cfg.connect_timeout_ms * 1000000;
-		kvp_node_watch(n, fd, EPOLLIN | EPOLLRDHUP, KVP_EP_PEER_PENDING, i);
-		return;
+		loop_watch(n, &pc->watch, fd, EPOLLIN | EPOLLRDHUP, on_pending, pc);
+		return (int)i;
 	}
 	n->bad_handshakes++;
 	KVP_LOG_RL(WARNING, core, "too many peer handshakes in progress; connection refused");
 	close(fd);
+	return -ENOSPC;
+}
+
+void
+kvp_peer_accept(struct kvp_node *n)
+{
+	int fd = accept4(n->peer_lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+
+	if (fd >= 0)
+		peer_take_pending(n, fd);
 }
 
 static void
 pending_close(struct kvp_node *n, struct kvp_pending_conn *pc, bool handed)
 {
-	kvp_node_unwatch(n, pc->fd);
+	loop_unwatch(n, &pc->watch);
 	if (!handed)
 		close(pc->fd);
 	pc->fd = -1;
@@ -599,4 +616,42 @@ kvp_peer_state_name(const struct kvp_node *n, uint16_t i)
 	default:
 		return "down";
 	}
+}
+
+static void
+on_listen(struct kvp_node *n, void *arg, uint32_t events)
+{
+	(void)arg;
+	(void)events;
+	kvp_peer_accept(n);
+}
+
+static void
+on_out(struct kvp_node *n, void *arg, uint32_t events)
+{
+	struct kvp_peer *p = arg;
+
+	kvp_peer_out_event(n, (uint16_t)(p - n->peers), events);
+}
+
+int
+peer_out_watch(struct kvp_node *n, uint16_t i, uint32_t events)
+{
+	struct kvp_peer *p = &n->peers[i];
+
+	return loop_watch(n, &p->out_watch, p->out_fd, events, on_out, p);
+}
+
+static void
+on_conn_down(struct kvp_node *n, const struct kvp_msg *m)
+{
+	kvp_peer_conn_down(n, m->peer, m->link, m->outgoing, m->reason);
+}
+
+int
+peer_init(struct kvp_node *n, char *err, size_t errlen)
+{
+	loop_on_msg(n, KVP_MSG_CONN_DOWN, on_conn_down);
+	loop_every(n, &n->peer_timer, 0, kvp_peer_timers);
+	return kvp_peer_listen(n, err, errlen);
 }

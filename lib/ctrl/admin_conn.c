@@ -22,8 +22,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "admin_priv.h"
-#include "kvp_core.h"
+#include "ctrl_priv.h"
 
 /* Fixed replies for connections cut off before a request could be parsed. */
 #define BUSY_LINE                                                                             \
@@ -37,6 +36,7 @@
 	"line too long\"}}\n"
 
 #define ACCEPT_RETRY_NS 100000000ull
+#define ADMIN_TIMER_NS 10000000ull /* connection bounds are checked this often */
 
 /* Big enough for the Prometheus text with JSON escaping; one for all connections. */
 static char reply[ADMIN_REPLY_MAX];
@@ -47,10 +47,13 @@ ms_ns(uint32_t ms)
 	return (uint64_t)ms * 1000000;
 }
 
+static void on_listen(struct kvp_node *n, void *arg, uint32_t events);
+static void on_conn(struct kvp_node *n, void *arg, uint32_t events);
+
 static void
 conn_close(struct kvp_node *n, struct kvp_admin_conn *a)
 {
-	kvp_node_unwatch(n, a->fd);
+	loop_unwatch(n, &a->watch);
 	close(a->fd);
 	a->fd = -1;
 	a->len = 0;
@@ -71,7 +74,7 @@ send_now(int fd, const char *line, size_t len)
 static void
 accept_out_of_fds(struct kvp_node *n)
 {
-	int fd = kvp_node_accept_spare(n, n->admin_lfd);
+	int fd = ctrl_accept_spare(n, n->admin_lfd);
 
 	if (fd >= 0) {
 		n->admin_stats.no_fds++;
@@ -79,8 +82,8 @@ accept_out_of_fds(struct kvp_node *n)
 		send_now(fd, NO_FDS_LINE, sizeof(NO_FDS_LINE) - 1);
 		close(fd);
 	}
-	if (!kvp_node_spare_restore(n) && !n->admin_accept_paused) {
-		kvp_node_unwatch(n, n->admin_lfd);
+	if (!ctrl_spare_restore(n) && !n->admin_accept_paused) {
+		loop_unwatch(n, &n->admin_lw);
 		n->admin_accept_paused = true;
 		n->admin_accept_retry_ns = kvp_mono_ns() + ACCEPT_RETRY_NS;
 	}
@@ -101,7 +104,7 @@ kvp_admin_accept(struct kvp_node *n)
 
 		if (a->fd >= 0)
 			continue;
-		if (kvp_node_watch(n, fd, EPOLLIN | EPOLLRDHUP, KVP_EP_ADMIN, i) < 0)
+		if (loop_watch(n, &a->watch, fd, EPOLLIN | EPOLLRDHUP, on_conn, a) < 0)
 			break;
 		a->fd = fd;
 		a->len = 0;
@@ -137,7 +140,7 @@ send_reply(struct kvp_node *n, uint32_t slot, const char *buf, size_t len, uint6
 	a->out_off = 0;
 	a->out_ns = now;
 	/* Not EPOLLRDHUP: a client that has shut down its side still gets the rest. */
-	return kvp_node_rewatch(n, a->fd, EPOLLOUT, KVP_EP_ADMIN, slot) == 0;
+	return loop_rewatch(n, &a->watch, EPOLLOUT) == 0;
 }
 
 /* Answer the complete lines in buf until a reply has to wait. @return false: close it. */
@@ -191,7 +194,7 @@ flush(struct kvp_node *n, uint32_t slot, uint64_t now)
 	free(a->out);
 	a->out = NULL;
 	a->active_ns = now;
-	return kvp_node_rewatch(n, a->fd, EPOLLIN | EPOLLRDHUP, KVP_EP_ADMIN, slot) == 0;
+	return loop_rewatch(n, &a->watch, EPOLLIN | EPOLLRDHUP) == 0;
 }
 
 void
@@ -240,7 +243,7 @@ kvp_admin_timers(struct kvp_node *n, uint64_t now)
 
 	if (n->admin_accept_paused && now >= n->admin_accept_retry_ns) {
 		n->admin_accept_paused = false;
-		kvp_node_watch(n, n->admin_lfd, EPOLLIN, KVP_EP_ADMIN_LISTEN, 0);
+		loop_watch(n, &n->admin_lw, n->admin_lfd, EPOLLIN, on_listen, NULL);
 	}
 
 	for (uint32_t i = 0; i < KVP_ADMIN_CONNS; i++) {
@@ -282,4 +285,27 @@ kvp_admin_close_all(struct kvp_node *n)
 	for (uint32_t i = 0; i < KVP_ADMIN_CONNS; i++)
 		if (n->admin[i].fd >= 0)
 			conn_close(n, &n->admin[i]);
+}
+
+static void
+on_listen(struct kvp_node *n, void *arg, uint32_t events)
+{
+	(void)arg;
+	(void)events;
+	kvp_admin_accept(n);
+}
+
+static void
+on_conn(struct kvp_node *n, void *arg, uint32_t events)
+{
+	struct kvp_admin_conn *a = arg;
+
+	kvp_admin_event(n, (uint32_t)(a - n->admin), events);
+}
+
+int
+admin_conn_init(struct kvp_node *n)
+{
+	loop_every(n, &n->admin_timer, ADMIN_TIMER_NS, kvp_admin_timers);
+	return loop_watch(n, &n->admin_lw, n->admin_lfd, EPOLLIN, on_listen, NULL);
 }

@@ -19,7 +19,7 @@
 #include <jansson.h>
 #include <rte_lcore.h>
 
-#include "admin_priv.h"
+#include "ctrl_priv.h"
 
 
 static void
@@ -88,12 +88,12 @@ gpus_json(const struct kvp_node *n, json_t *checks)
 	json_t *arr = json_array();
 	char what[64], bus[32];
 
-	if (n->ngpus <= 0) {
+	if (n->env.ngpus <= 0) {
 		check(checks, true, "gpu", "GPU regions refused: %s", kvp_gpu_unavailable);
 		return arr;
 	}
-	for (int i = 0; i < n->ngpus && i < KVP_GPUS_MAX; i++) {
-		const struct kvp_gpu_info *g = &n->gpus[i];
+	for (int i = 0; i < n->env.ngpus && i < KVP_GPUS_MAX; i++) {
+		const struct kvp_gpu_info *g = &n->env.gpus[i];
 		struct kvp_topo_dev d;
 		json_t *pix = json_array();
 
@@ -105,24 +105,24 @@ gpus_json(const struct kvp_node *n, json_t *checks)
 		memset(&d, 0, sizeof(d));
 		d.numa_node = -1;
 		kvp_topo_pcidev(bus, &d);
-		for (unsigned r = 0; r < n->nrails && r < KVP_RAILS_MAX; r++)
-			if (n->rails[r].pci[0] && kvp_topo_same_switch(bus, n->rails[r].pci))
-				json_array_append_new(pix, json_string(n->rails[r].dev));
+		for (unsigned r = 0; r < n->env.nrails && r < KVP_RAILS_MAX; r++)
+			if (n->env.rails[r].pci[0] && kvp_topo_same_switch(bus, n->env.rails[r].pci))
+				json_array_append_new(pix, json_string(n->env.rails[r].dev));
 		snprintf(what, sizeof(what), "gpu %d", i);
 		placement(n, checks, what, &d);
 		/* RDMA registers GPU regions through a dma-buf (or peer memory) when the
 		 * driver offers it; where registration fails, that region is staged. */
-		bool direct = n->rail_pause && (g->dmabuf || g->gpudirect_rdma);
+		bool direct = n->env.rail_pause && (g->dmabuf || g->gpudirect_rdma);
 		unsigned used = 0;
-		for (unsigned r = 0; r < n->nrails && r < KVP_RAILS_MAX; r++)
-			used += n->rails[r].rail >= 0;
+		for (unsigned r = 0; r < n->env.nrails && r < KVP_RAILS_MAX; r++)
+			used += n->env.rails[r].rail >= 0;
 		const char *path = direct ? "gpudirect" : "staging";
 		if (direct)
 			check(checks, true, what,
 			      "%s at %s (CUDA driver %d): GPU data goes by GPUDirect RDMA over %u rail(s) "
 			      "%s(dma-buf %s, GPUDirect RDMA %s); a region that cannot be registered "
 			      "is staged over TCP",
-			      g->name, bus, n->cuda_driver, used,
+			      g->name, bus, n->env.cuda_driver, used,
 			      json_array_size(pix) ? "" : "none of them PIX-local ",
 			      g->dmabuf ? "supported" : "unsupported",
 			      g->gpudirect_rdma ? "supported" : "unsupported");
@@ -131,7 +131,7 @@ gpus_json(const struct kvp_node *n, json_t *checks)
 			      "%s at %s (CUDA driver %d): GPU data of every peer is staged through the "
 			      "pinned pool over tcp (%s); GPUDirect needs the RDMA transport and driver "
 			      "support (dma-buf %s, GPUDirect RDMA %s)",
-			      g->name, bus, n->cuda_driver, n->tops->name,
+			      g->name, bus, n->env.cuda_driver, n->tops->name,
 			      g->dmabuf ? "supported" : "unsupported",
 			      g->gpudirect_rdma ? "supported" : "unsupported");
 		json_array_append_new(
@@ -153,13 +153,13 @@ doctor_json(struct kvp_node *n)
 	struct kvp_topo_dev d;
 	int rc;
 
-	check(checks, true, "transport", "%s: %s", n->tops->name, n->transport_why);
-	if (n->cores_why)
-		check(checks, true, "cores", "%s", n->cores_why);
-	if (n->rdma_ports < 0)
-		check(checks, true, "rdma", "no RDMA: %s", n->rdma_why);
-	for (unsigned i = 0; i < n->nrails && i < KVP_RAILS_MAX; i++) {
-		const struct kvp_rail_info *r = &n->rails[i];
+	check(checks, true, "transport", "%s: %s", n->tops->name, n->env.transport_why);
+	if (n->env.cores_why)
+		check(checks, true, "cores", "%s", n->env.cores_why);
+	if (n->env.rdma_ports < 0)
+		check(checks, true, "rdma", "no RDMA: %s", n->env.rdma_why);
+	for (unsigned i = 0; i < n->env.nrails && i < KVP_RAILS_MAX; i++) {
+		const struct kvp_rail_info *r = &n->env.rails[i];
 
 		kvp_topo_pcidev(r->pci, &d);
 		json_array_append_new(rails, json_pack("{s:s, s:i, s:b, s:s, s:i, s:s}", "dev",
@@ -207,18 +207,18 @@ doctor_json(struct kvp_node *n)
 	}
 	json_t *gpus = gpus_json(n, checks);
 	return json_pack("{s:s, s:s, s:s, s:s, s:i, s:s, s:o, s:o, s:o, s:o, s:o}", "cores",
-			 n->cores_why ? n->cores_why : "", "transport",
-			 n->tops->name, "transport_why", n->transport_why, "configured",
+			 n->env.cores_why ? n->env.cores_why : "", "transport",
+			 n->tops->name, "transport_why", n->env.transport_why, "configured",
 			 n->cfg.transport == KVP_TRANSPORT_RDMA ? "rdma"
 			 : n->cfg.transport == KVP_TRANSPORT_AUTO ? "auto"
 								   : "tcp",
-			 "rdma_ports", n->rdma_ports, "rdma_why",
-			 n->rdma_ports < 0 ? n->rdma_why : "", "rails", rails, "network", nets,
+			 "rdma_ports", n->env.rdma_ports, "rdma_why",
+			 n->env.rdma_ports < 0 ? n->env.rdma_why : "", "rails", rails, "network", nets,
 			 "workers", workers, "gpus", gpus, "checks", checks);
 }
 
-json_t *
-admin_doctor(struct kvp_node *n, json_t *params, struct rpc_err *e)
+static json_t *
+m_doctor(struct kvp_node *n, json_t *params, struct rpc_err *e)
 {
 	if (!admin_no_params(params))
 		return admin_fail(e, RPC_INVALID_PARAMS, "doctor takes no params");
@@ -244,3 +244,10 @@ kvp_node_log_doctor(struct kvp_node *n)
 	json_decref(d);
 }
 
+
+void
+doctor_init(struct kvp_node *n)
+{
+	(void)n;
+	rpc_register("doctor", m_doctor);
+}

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
- * kvp_core: the node: control plane on the main lcore (sockets, peers,
+ * kvp_ctrl: the node: control plane on the main lcore (sockets, peers,
  * clients, admin), on top of the data plane (kvp_worker.h), the transports'
  * interface (kvp_transport.h) and regions (kvp_region.h).
  *
@@ -9,8 +9,8 @@
  *
  * Memory: everything here is sized from the configuration at start-up.
  */
-#ifndef KVP_CORE_H
-#define KVP_CORE_H
+#ifndef KVP_CTRL_H
+#define KVP_CTRL_H
 
 #include <stdalign.h>
 #include <stdbool.h>
@@ -28,6 +28,40 @@
 
 /* ---- the node: control plane on the main lcore ---- */
 
+struct kvp_node;
+
+/** An fd of the main lcore's event loop and what to do when it is ready (owned by its module). */
+typedef void (*kvp_watch_fn)(struct kvp_node *n, void *arg, uint32_t events);
+
+struct kvp_watch {
+	int fd; /**< -1 while not watched */
+	kvp_watch_fn fn;
+	void *arg;
+};
+
+/** A periodic job of the main lcore (owned by its module). */
+typedef void (*kvp_timer_fn)(struct kvp_node *n, uint64_t now);
+
+struct kvp_timer {
+	uint64_t period_ns; /**< 0: every loop pass */
+	uint64_t due_ns;
+	kvp_timer_fn fn;
+	struct kvp_timer *next;
+};
+
+/** What the main lcore does with one type of message from the workers. */
+typedef void (*kvp_msg_fn)(struct kvp_node *n, const struct kvp_msg *m);
+
+/** The main lcore's event loop (loop.c). */
+struct kvp_loop {
+	int epfd;
+	int evfd; /**< workers ring it after posting to their outbox */
+	struct kvp_watch evfd_watch;
+	struct kvp_timer *timers;
+	kvp_msg_fn on_msg[KVP_MSG_TYPES];
+	int spare_fd; /**< given up to accept (and refuse) a connection when out of fds */
+};
+
 /** KVP_LINK_UP: no dial in progress; every link up or waiting for a retry. */
 enum kvp_peer_link {
 	KVP_LINK_DOWN = 0,
@@ -43,6 +77,7 @@ enum kvp_peer_link {
 struct kvp_peer {
 	int out_state; /**< enum kvp_peer_link, the dial in progress */
 	int out_fd;
+	struct kvp_watch out_watch;
 	uint8_t out_link;  /**< link being dialled */
 	uint8_t links;	   /**< links kept: ours, or fewer if the peer accepts fewer */
 	uint32_t out_up;   /**< bit per outgoing link handed to the worker */
@@ -63,6 +98,7 @@ struct kvp_peer {
 /** An accepted peer connection whose HELLO has not arrived yet. */
 struct kvp_pending_conn {
 	int fd;
+	struct kvp_watch watch;
 	int peer;      /**< -1 until the HELLO named a configured peer */
 	uint8_t link;
 	bool auth;     /**< HELLO answered; waiting for the peer's proof */
@@ -87,6 +123,7 @@ struct kvp_client_conn {
 	uint32_t id;
 	uint16_t gen;
 	int sock;
+	struct kvp_watch watch;
 	int32_t pid;
 	unsigned worker;
 	struct kvp_chan *chan;
@@ -103,6 +140,7 @@ struct kvp_client_conn {
 /** One admin connection (main lcore); see admin_conn.c for its bounds. */
 struct kvp_admin_conn {
 	int fd;
+	struct kvp_watch watch;
 	uint32_t len;	     /**< bytes of unanswered input in buf */
 	char *buf;	     /**< KVP_ADMIN_LINEMAX bytes, allocated at start */
 	uint64_t active_ns;  /**< accepted or last answered: the idle bound runs from here */
@@ -138,8 +176,6 @@ struct kvp_rail_info {
 
 #define KVP_RAILS_MAX 16
 
-#define KVP_GPUS_MAX 16
-
 /** A GPU as the CUDA driver describes it (filled at start, for doctor). */
 struct kvp_gpu_info {
 	int ordinal;
@@ -150,14 +186,46 @@ struct kvp_gpu_info {
 	uint64_t total_mem;
 };
 
+#define KVP_WORKERS_MAX 64
+
+/**
+ * What the application chose and found at start (transports, worker lcores,
+ * the RDMA and CUDA probes), handed to kvp_node_init() and kept by the node
+ * for the doctor, rails and stats.
+ */
+struct kvp_node_env {
+	/** The transports, in the order transfers are offered to them (the first names the node's). */
+	const struct kvp_transport_ops *tps[KVP_TP_MAX];
+	unsigned ntps;
+	unsigned nworkers;
+	unsigned lcores[KVP_WORKERS_MAX]; /**< worker i runs on lcores[i] */
+	char transport_why[256]; /**< why this transport was chosen */
+	const char *cores_why;	 /**< where the lcores run and why, or NULL */
+	int rdma_ports;		 /**< RDMA probe result: ports found, or -errno */
+	char rdma_why[160];	 /**< the probe's reason when it found nothing */
+	unsigned nrails;
+	struct kvp_rail_info rails[KVP_RAILS_MAX]; /**< .paused changes at run time (rail_pause) */
+	/** Pause or resume an RDMA rail (NULL without the RDMA transport). @return 0, -ENOENT */
+	int (*rail_pause)(unsigned rail, bool pause);
+	/** RDMA memory registrations so far (NULL without RDMA). */
+	const struct kvp_mr_stats *mr_stats;
+	int cuda_driver; /**< CUDA driver version, 0 if none */
+	int ngpus;	 /**< GPUs found, or -errno */
+	struct kvp_gpu_info gpus[KVP_GPUS_MAX];
+};
+
+/** The environment of a node without probes: "not probed" reasons, no rails, no GPUs. */
+void kvp_node_env_init(struct kvp_node_env *env);
+
 struct kvp_node {
 	struct kvp_config cfg;
 	uint64_t start_ns;
-	int epfd;
-	int evfd; /**< workers ring it after posting to their outbox */
+	struct kvp_loop loop;
 	int client_lfd;
 	int admin_lfd;
 	int peer_lfd;
+	struct kvp_watch client_lw, admin_lw, peer_lw; /**< the listeners */
+	struct kvp_timer reap_timer, client_timer, admin_timer, peer_timer, stats_timer;
 	int lock_fd;
 	struct kvp_region_table regions;
 	const struct kvp_transport_ops *tops;
@@ -179,12 +247,10 @@ struct kvp_node {
 	uint64_t client_handshake_failures; /**< HELLOs refused or missing (protocol, rings, time) */
 	uint64_t ring_violations;	/**< clients disconnected for breaking the ring protocol */
 	uint64_t client_accept_pauses;	/**< times the client listener left epoll (no fds) */
-	int spare_fd;			/**< given up to accept (and refuse) a connection when out of fds */
 	bool client_accept_paused;
 	uint64_t client_accept_retry_ns;
 	bool admin_accept_paused;
 	uint64_t admin_accept_retry_ns;
-	uint64_t next_reap_ns;
 	volatile bool quit;
 
 	/* Observability (main lcore). */
@@ -194,19 +260,7 @@ struct kvp_node {
 	uint64_t stats_writes;	 /**< stats files written */
 	uint64_t stats_write_errors;
 	char *stats_buf;	 /**< KVP_STATS_TEXT_MAX bytes, allocated at start */
-	char transport_why[256]; /**< why this transport was chosen (for doctor) */
-	const char *cores_why;	 /**< where the lcores run and why (for doctor), or NULL */
-	int rdma_ports;		 /**< RDMA probe result: ports found, or -errno */
-	char rdma_why[160];	 /**< the probe's reason when it found nothing */
-	unsigned nrails;
-	struct kvp_rail_info rails[KVP_RAILS_MAX];
-	/** Pause or resume an RDMA rail (NULL without the RDMA transport). @return 0, -ENOENT */
-	int (*rail_pause)(unsigned rail, bool pause);
-	/** RDMA memory registrations so far (main lcore; NULL without RDMA). */
-	const struct kvp_mr_stats *mr_stats;
-	int cuda_driver;	 /**< CUDA driver version, 0 if none */
-	int ngpus;		 /**< GPUs found, or -errno (kvp_gpu_unavailable says why) */
-	struct kvp_gpu_info gpus[KVP_GPUS_MAX];
+	struct kvp_node_env env; /**< what the application chose and found at start */
 };
 
 /** Size of the Prometheus text buffer (stats file, admin "stats" with format prometheus). */
@@ -214,16 +268,15 @@ struct kvp_node {
 
 /**
  * Build the node: sockets, region table, message pool, workers and their
- * transports (not launched). Call after rte_eal_init().
+ * transports (not launched: the application launches kvp_worker_loop on
+ * env->lcores). Call after rte_eal_init().
  *
- * @param tps  the transports, in the order transfers are offered to them
- *   (the first names the node's transport)
+ * @param env  transports, workers and probe results (copied)
  * @param err  receives the reason on failure
  * @return 0 or negative errno
  */
 int kvp_node_init(struct kvp_node *n, const struct kvp_config *cfg,
-		  const struct kvp_transport_ops *const *tps, unsigned ntps, unsigned nworkers,
-		  char *err, size_t errlen);
+		  const struct kvp_node_env *env, char *err, size_t errlen);
 
 /**
  * Open files a node with this configuration may need at once: per client
@@ -243,17 +296,7 @@ uint64_t kvp_node_fd_need(const struct kvp_config *cfg);
  */
 int kvp_node_fd_limit(const struct kvp_config *cfg, bool raise, char *msg, size_t msglen);
 
-/**
- * Out of file descriptors: give up the node's spare one and accept one
- * connection on @p lfd, to refuse it with the reason (the caller closes it).
- * @return the connection, or -1 (no spare, or nothing to accept)
- */
-int kvp_node_accept_spare(struct kvp_node *n, int lfd);
-
-/** Take the spare descriptor back after kvp_node_accept_spare(). @return false if none was left */
-bool kvp_node_spare_restore(struct kvp_node *n);
-
-/** Run the control plane for up to @p timeout_ms (one epoll round plus timers). */
+/** Run the control plane for up to @p timeout_ms (one round of the event loop, timers). */
 void kvp_node_poll(struct kvp_node *n, int timeout_ms);
 
 /** Ask every worker to stop (their loops return). */
@@ -261,45 +304,6 @@ void kvp_node_stop_workers(struct kvp_node *n);
 
 /** Tear down after the workers have returned. */
 void kvp_node_fini(struct kvp_node *n);
-
-/** Post a message to a worker and ring its doorbell. @return 0, -ENOBUFS */
-int kvp_node_send(struct kvp_node *n, unsigned worker, struct kvp_msg *m);
-
-/** A message from the pool (main lcore). NULL if the pool is empty. */
-struct kvp_msg *kvp_node_msg(struct kvp_node *n, int type);
-
-/* client_srv.c */
-void kvp_client_accept(struct kvp_node *n);
-/** Watch the client listener again after a pause for want of file descriptors. */
-void kvp_client_accept_resume(struct kvp_node *n);
-void kvp_client_input(struct kvp_node *n, uint32_t slot);
-void kvp_client_drop(struct kvp_node *n, struct kvp_client_conn *c, const char *why);
-void kvp_client_gone(struct kvp_node *n, struct kvp_chan *ch);
-void kvp_client_broken(struct kvp_node *n, struct kvp_chan *ch, const char *why);
-void kvp_client_timers(struct kvp_node *n, uint64_t now);
-
-/* peer.c */
-int kvp_peer_listen(struct kvp_node *n, char *err, size_t errlen);
-void kvp_peer_accept(struct kvp_node *n);
-void kvp_peer_pending_input(struct kvp_node *n, uint32_t slot);
-void kvp_peer_out_event(struct kvp_node *n, uint16_t peer, uint32_t events);
-void kvp_peer_conn_down(struct kvp_node *n, uint16_t peer, uint8_t link, bool outgoing,
-			const char *why);
-void kvp_peer_timers(struct kvp_node *n, uint64_t now);
-void kvp_peer_close_all(struct kvp_node *n);
-const char *kvp_peer_state_name(const struct kvp_node *n, uint16_t peer);
-
-/* admin_conn.c */
-void kvp_admin_accept(struct kvp_node *n);
-/** Input or output room on admin connection @p slot (epoll @p events). */
-void kvp_admin_event(struct kvp_node *n, uint32_t slot, uint32_t events);
-/** Close admin connections past their bounds (timeouts.admin_ms, admin_idle_ms). */
-void kvp_admin_timers(struct kvp_node *n, uint64_t now);
-void kvp_admin_close_all(struct kvp_node *n);
-/** Admin connections open now. */
-unsigned kvp_admin_open(const struct kvp_node *n);
-
-/* admin.c */
 
 /**
  * Handle one JSON-RPC request line; the reply (one line, no newline) is
@@ -329,35 +333,4 @@ int kvp_stats_write_file(struct kvp_node *n);
 /** Run the doctor's checks and log them (warnings for misplaced lcores); main lcore. */
 void kvp_node_log_doctor(struct kvp_node *n);
 
-/** Start (true) or stop (false) draining: new submissions fail with "shutdown". */
-void kvp_node_set_draining(struct kvp_node *n, bool on);
-
-/* epoll tags: kind << 32 | index */
-enum kvp_ep_kind {
-	KVP_EP_EVFD = 1,
-	KVP_EP_CLIENT_LISTEN,
-	KVP_EP_CLIENT,
-	KVP_EP_ADMIN_LISTEN,
-	KVP_EP_ADMIN,
-	KVP_EP_PEER_LISTEN,
-	KVP_EP_PEER_PENDING,
-	KVP_EP_PEER_OUT,
-};
-
-static inline uint64_t
-kvp_ep_tag(enum kvp_ep_kind k, uint32_t idx)
-{
-	return ((uint64_t)k << 32) | idx;
-}
-
-/** Add @p fd to the node's epoll set. @return 0 or negative errno */
-int kvp_node_watch(struct kvp_node *n, int fd, uint32_t events, enum kvp_ep_kind k, uint32_t idx);
-
-/** Change the events watched on @p fd (tag as given). @return 0 or negative errno */
-int kvp_node_rewatch(struct kvp_node *n, int fd, uint32_t events, enum kvp_ep_kind k,
-		     uint32_t idx);
-
-/** Remove @p fd from the epoll set. */
-void kvp_node_unwatch(struct kvp_node *n, int fd);
-
-#endif /* KVP_CORE_H */
+#endif /* KVP_CTRL_H */

@@ -27,9 +27,10 @@
 
 #include <rte_mempool.h>
 
-#include "kvp_core.h"
+#include "ctrl_priv.h"
 
 #define ACCEPT_RETRY_NS 100000000ull /* a paused listener tries again this often */
+#define CLIENT_TIMER_NS 10000000ull  /* HELLO deadlines are checked this often */
 
 static int
 send_reply(struct kvp_client_conn *c, struct kvp_ctrl_rep *rep, const int *fds, unsigned nfds)
@@ -120,7 +121,7 @@ do_hello(struct kvp_node *n, struct kvp_client_conn *c, const struct kvp_ctrl_re
 	kvp_chan_attach(ch->mem, len, true, &ch->sq, &ch->cq);
 
 	c->worker = n->next_worker++ % n->nworkers;
-	struct kvp_msg *m = kvp_node_msg(n, KVP_MSG_CHAN_ADD);
+	struct kvp_msg *m = ctrl_msg(n, KVP_MSG_CHAN_ADD);
 	if (!m)
 		goto err_close_notify;
 	m->chan = ch;
@@ -138,7 +139,7 @@ do_hello(struct kvp_node *n, struct kvp_client_conn *c, const struct kvp_ctrl_re
 	c->chan = ch;
 	c->pid = req->u.hello.pid;
 	c->state = KVP_CL_ACTIVE;
-	kvp_node_send(n, c->worker, m);
+	ctrl_send(n, c->worker, m);
 	KVP_LOG(INFO, core, "client %u (pid %d) connected: sq %u cq %u, worker %u", c->id, c->pid,
 		sqn, cqn, c->worker);
 	rep->op = 0; /* already replied */
@@ -375,12 +376,15 @@ refuse_conn(int fd, int err, const char *fmt, ...)
 	close(fd);
 }
 
+static void on_listen(struct kvp_node *n, void *arg, uint32_t events);
+static void on_input(struct kvp_node *n, void *arg, uint32_t events);
+
 static void
 accept_pause(struct kvp_node *n)
 {
 	if (n->client_accept_paused)
 		return;
-	kvp_node_unwatch(n, n->client_lfd);
+	loop_unwatch(n, &n->client_lw);
 	n->client_accept_paused = true;
 	n->client_accept_pauses++;
 	n->client_accept_retry_ns = kvp_mono_ns() + ACCEPT_RETRY_NS;
@@ -396,7 +400,7 @@ kvp_client_accept_resume(struct kvp_node *n)
 	if (!n->client_accept_paused)
 		return;
 	n->client_accept_paused = false;
-	kvp_node_watch(n, n->client_lfd, EPOLLIN, KVP_EP_CLIENT_LISTEN, 0);
+	loop_watch(n, &n->client_lw, n->client_lfd, EPOLLIN, on_listen, NULL);
 }
 
 /*
@@ -411,7 +415,7 @@ accept_out_of_fds(struct kvp_node *n)
 	int fd = -1;
 
 	getrlimit(RLIMIT_NOFILE, &rl);
-	fd = kvp_node_accept_spare(n, n->client_lfd);
+	fd = ctrl_accept_spare(n, n->client_lfd);
 	if (fd >= 0) {
 		n->clients_refused_fds++;
 		KVP_LOG_RL(WARNING, core,
@@ -422,7 +426,7 @@ accept_out_of_fds(struct kvp_node *n)
 			    "later",
 			    n->cfg.node_id, (unsigned long long)rl.rlim_cur);
 	}
-	if (!kvp_node_spare_restore(n))
+	if (!ctrl_spare_restore(n))
 		accept_pause(n);
 }
 
@@ -466,7 +470,7 @@ kvp_client_accept(struct kvp_node *n)
 		c->pending_fd = -1;
 		c->hello_deadline_ns = kvp_mono_ns() + (uint64_t)n->cfg.connect_timeout_ms * 1000000;
 		n->nclients++;
-		kvp_node_watch(n, fd, EPOLLIN | EPOLLRDHUP, KVP_EP_CLIENT, i);
+		loop_watch(n, &c->watch, fd, EPOLLIN | EPOLLRDHUP, on_input, c);
 		return;
 	}
 	n->clients_refused_limit++;
@@ -548,7 +552,7 @@ kvp_client_drop(struct kvp_node *n, struct kvp_client_conn *c, const char *why)
 	if (c->state != KVP_CL_OPEN && c->state != KVP_CL_ACTIVE)
 		return;
 	KVP_LOG(INFO, core, "client %u (pid %d) %s", c->id, c->pid, why);
-	kvp_node_unwatch(n, c->sock);
+	loop_unwatch(n, &c->watch);
 	close(c->sock);
 	c->sock = -1;
 	if (c->pending_fd >= 0) {
@@ -556,12 +560,12 @@ kvp_client_drop(struct kvp_node *n, struct kvp_client_conn *c, const char *why)
 		c->pending_fd = -1;
 	}
 	if (c->state == KVP_CL_ACTIVE) {
-		struct kvp_msg *m = kvp_node_msg(n, KVP_MSG_CHAN_DEL);
+		struct kvp_msg *m = ctrl_msg(n, KVP_MSG_CHAN_DEL);
 
 		c->state = KVP_CL_DETACHING;
 		if (m) {
 			m->chan = c->chan;
-			if (kvp_node_send(n, c->worker, m) == 0)
+			if (ctrl_send(n, c->worker, m) == 0)
 				return;
 		}
 		/* The worker cannot be told: keep the slot rather than free what it uses. */
@@ -618,4 +622,42 @@ kvp_client_timers(struct kvp_node *n, uint64_t now)
 	}
 	if (n->client_accept_paused && now >= n->client_accept_retry_ns)
 		kvp_client_accept_resume(n);
+}
+
+static void
+on_listen(struct kvp_node *n, void *arg, uint32_t events)
+{
+	(void)arg;
+	(void)events;
+	kvp_client_accept(n);
+}
+
+static void
+on_input(struct kvp_node *n, void *arg, uint32_t events)
+{
+	struct kvp_client_conn *c = arg;
+
+	(void)events;
+	kvp_client_input(n, (uint32_t)(c - n->clients));
+}
+
+static void
+on_chan_gone(struct kvp_node *n, const struct kvp_msg *m)
+{
+	kvp_client_gone(n, m->chan);
+}
+
+static void
+on_chan_broken(struct kvp_node *n, const struct kvp_msg *m)
+{
+	kvp_client_broken(n, m->chan, m->reason);
+}
+
+int
+client_srv_init(struct kvp_node *n)
+{
+	loop_on_msg(n, KVP_MSG_CHAN_GONE, on_chan_gone);
+	loop_on_msg(n, KVP_MSG_CHAN_BROKEN, on_chan_broken);
+	loop_every(n, &n->client_timer, CLIENT_TIMER_NS, kvp_client_timers);
+	return loop_watch(n, &n->client_lw, n->client_lfd, EPOLLIN, on_listen, NULL);
 }

@@ -1,7 +1,9 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
- * JSON-RPC 2.0 framing of the admin socket (main lcore): one request or one
- * batch per line, parsed with jansson; the methods are admin.c's.
+ * JSON-RPC 2.0 on the admin socket (main lcore): the method registry (each
+ * module registers its own methods from its init: admin.c, rails.c,
+ * doctor.c) and the framing, one request or one batch per line, parsed with
+ * jansson.
  *
  * As the specification says:
  *  - an id is a string, a number or null, and comes back exactly as it was
@@ -18,15 +20,70 @@
  * Integers beyond 64 bits and reals beyond a double are parse errors
  * (jansson's limits), for ids as for everything else.
  */
+#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
 #include <jansson.h>
 
-#include "admin_priv.h"
-#include "kvp_core.h"
+#include "ctrl_priv.h"
 
 #define ADMIN_BATCH_MAX 256
+#define METHODS_MAX	32
+
+/* The registry: one process, one node (re-registering a name replaces it). */
+static struct {
+	const char *name;
+	admin_method_fn fn;
+} methods[METHODS_MAX];
+static unsigned nmethods;
+
+void
+rpc_register(const char *name, admin_method_fn fn)
+{
+	for (unsigned i = 0; i < nmethods; i++) {
+		if (strcmp(methods[i].name, name) == 0) {
+			methods[i].fn = fn;
+			return;
+		}
+	}
+	if (nmethods == METHODS_MAX) {
+		KVP_LOG(ERR, core, "admin method %s not registered: %u methods at most", name,
+			METHODS_MAX);
+		return;
+	}
+	methods[nmethods].name = name;
+	methods[nmethods++].fn = fn;
+}
+
+static admin_method_fn
+method_of(const char *name)
+{
+	for (unsigned i = 0; i < nmethods; i++)
+		if (strcmp(methods[i].name, name) == 0)
+			return methods[i].fn;
+	return NULL;
+}
+
+json_t *
+admin_fail(struct rpc_err *e, int code, const char *fmt, ...)
+{
+	va_list ap;
+
+	e->code = code;
+	va_start(ap, fmt);
+	vsnprintf(e->msg, sizeof(e->msg), fmt, ap);
+	va_end(ap);
+	return NULL;
+}
+
+/* No params, or an empty object/array. */
+bool
+admin_no_params(json_t *params)
+{
+	return !params || (json_is_object(params) && json_object_size(params) == 0);
+}
+
 /* The "reply too large" error without its id: what every reply can shrink to. */
 #define TOO_LARGE_BASE  80
 
@@ -222,7 +279,7 @@ handle_one(struct kvp_node *n, json_t *req, struct span text, char *out, size_t 
 
 	/* A valid request: from here on a notification is executed if it can be, never answered. */
 	const char *name = json_string_value(jm);
-	admin_method_fn fn = admin_method(name);
+	admin_method_fn fn = method_of(name);
 
 	if (!fn) {
 		char msg[128];
