@@ -40,19 +40,11 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "kvp_test.h"
 #include "kvproxy.h"
 
 #define TARGETS_MAX 16
 #define KEYS_MAX    8 /* regions (incarnations) per target */
-
-static uint64_t
-now_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
 
 static void __attribute__((noreturn, format(printf, 1, 2))) die(const char *fmt, ...)
 {
@@ -78,22 +70,6 @@ static uint64_t
 uid_seq(uint64_t uid)
 {
 	return uid & 0xffffffffffull;
-}
-
-/* The bytes of transfer @p uid: xorshift64* seeded by it, 8 at a time. */
-static void
-pattern(uint64_t uid, uint8_t *p, size_t len)
-{
-	uint64_t x = uid * 0x9e3779b97f4a7c15ull + 1;
-
-	for (size_t i = 0; i < len; i += 8) {
-		x ^= x >> 12;
-		x ^= x << 25;
-		x ^= x >> 27;
-		uint64_t v = x * 0x2545f4914f6cdd1dull;
-
-		memcpy(p + i, &v, len - i < 8 ? len - i : 8);
-	}
 }
 
 static bool
@@ -205,18 +181,17 @@ cmd_dest(const struct opts *o)
 	struct kvp_client *c = connect_to(o->sock);
 	uint64_t nslots = o->size / o->xfer, key, verified = 0, bytes = 0, bad = 0, last = 0,
 		 first_ns = 0;
-	uint8_t *want = malloc(o->xfer);
 	void *mem;
 	int fd, rc;
 	char line[256];
 
-	if (!want || kvp_host_alloc(o->size, &fd, &mem) < 0)
+	if (kvp_host_alloc(o->size, &fd, &mem) < 0)
 		die("dest: cannot allocate %" PRIu64 " bytes", o->size);
 	rc = kvp_region_register(c, fd, 0, o->size, KVP_REGION_HOST, &key);
 	if (rc < 0)
 		die("dest: register: %s (%s)", strerror(-rc), kvp_last_error(c));
-	snprintf(line, sizeof(line), "%" PRIu64 "\n", key);
-	publish(o->key_file, line);
+	if (kvp_test_key_write(o->key_file, key) < 0)
+		die("dest: cannot write %s", o->key_file);
 	for (;;) {
 		struct kvp_cqe e[64];
 		int n = kvp_wait(c, e, 64, 50);
@@ -230,12 +205,13 @@ cmd_dest(const struct opts *o)
 			if (e[i].kind != KVP_CQE_LANDED)
 				continue;
 			if (!first_ns)
-				first_ns = now_ns();
+				first_ns = kvp_test_now_ns();
 			uint64_t slot = uid_seq(e[i].user_id) % nslots;
 
-			pattern(e[i].user_id, want, o->xfer);
+			/* The bytes of a transfer are the pattern of its user id. */
 			if (e[i].bytes != o->xfer || e[i].dst_key != key ||
-			    memcmp((uint8_t *)mem + slot * o->xfer, want, o->xfer) != 0) {
+			    kvp_test_pattern_check(e[i].user_id, 0, (uint8_t *)mem + slot * o->xfer,
+						   o->xfer, NULL) != 0) {
 				bad++;
 				fprintf(stderr,
 					"dest: transfer %" PRIx64 " (%" PRIu64
@@ -246,7 +222,7 @@ cmd_dest(const struct opts *o)
 				bytes += e[i].bytes;
 			}
 		}
-		uint64_t now = now_ns();
+		uint64_t now = kvp_test_now_ns();
 
 		if (n > 0 || gone || now - last > 100000000ull) {
 			snprintf(line, sizeof(line),
@@ -264,7 +240,6 @@ cmd_dest(const struct opts *o)
 
 	kvp_close(c);
 	kvp_host_free(fd, mem, o->size);
-	free(want);
 	return bad == 0 && overflow == 0 ? 0 : 1;
 }
 
@@ -297,7 +272,6 @@ static void
 refresh_key(struct target *t, uint64_t now)
 {
 	struct stat st;
-	FILE *f;
 	uint64_t key = 0;
 
 	if (now < t->next_key_ns)
@@ -307,13 +281,7 @@ refresh_key(struct target *t, uint64_t now)
 					   st.st_mtim.tv_sec == t->key_st.st_mtim.tv_sec &&
 					   st.st_mtim.tv_nsec == t->key_st.st_mtim.tv_nsec))
 		return;
-	f = fopen(t->key_file, "r");
-	if (!f)
-		return;
-	if (fscanf(f, "%" SCNu64, &key) != 1)
-		key = 0;
-	fclose(f);
-	if (!key || (t->nkeys && t->keys[t->nkeys - 1].key == key))
+	if (kvp_test_key_read(t->key_file, 0, &key) < 0 || (t->nkeys && t->keys[t->nkeys - 1].key == key))
 		return;
 	if (t->nkeys == KEYS_MAX)
 		die("src: %s: more than %d regions", t->name, KEYS_MAX);
@@ -445,7 +413,7 @@ cmd_src(const struct opts *o)
 	uint64_t stop_deadline = 0;
 
 	for (;;) {
-		uint64_t now = now_ns();
+		uint64_t now = kvp_test_now_ns();
 
 		if (!stopping && exists(o->stop)) {
 			stopping = true;
@@ -474,7 +442,7 @@ cmd_src(const struct opts *o)
 							   .timeout_ns = 5000000000ull };
 
 				/* A buffer is refilled only after 64 others: far more than in flight. */
-				pattern(uid, b, o->xfer);
+				kvp_test_pattern_fill(uid, 0, b, o->xfer);
 				rc = kvp_submit(c, &x, &seg, 1);
 				if (rc == -EAGAIN)
 					break;
@@ -545,19 +513,16 @@ cmd_first(const struct opts *o)
 	uint64_t key, dst_key = 0;
 	uint8_t *mem;
 	int fd, rc;
-	FILE *f = fopen(o->key_file, "r");
-
-	if (!f || fscanf(f, "%" SCNu64, &dst_key) != 1)
+	if (kvp_test_key_read(o->key_file, 10, &dst_key) < 0)
 		die("first: no key in %s", o->key_file);
-	fclose(f);
 	if (kvp_host_alloc(o->xfer, &fd, (void **)&mem) < 0)
 		die("first: cannot allocate");
 	rc = kvp_region_register(c, fd, 0, o->xfer, KVP_REGION_HOST, &key);
 	if (rc < 0)
 		die("first: register: %s", strerror(-rc));
-	pattern(uid_make(0, 0, 0), mem, o->xfer);
+	kvp_test_pattern_fill(uid_make(0, 0, 0), 0, mem, o->xfer);
 
-	uint64_t t0 = now_ns();
+	uint64_t t0 = kvp_test_now_ns();
 	if (o->add) {
 		char line[512], reply[1024];
 
@@ -586,7 +551,7 @@ cmd_first(const struct opts *o)
 	while (rc == 1 && e.kind != KVP_CQE_DONE);
 	if (rc != 1)
 		die("first: no completion within 10 s");
-	double ms = (double)(now_ns() - t0) / 1e6;
+	double ms = (double)(kvp_test_now_ns() - t0) / 1e6;
 
 	printf("first ms %.3f status %s t0_ns %" PRIu64 "%s%s\n", ms, kvp_status_str(e.status), t0,
 	       e.status == KVP_EPEER || e.status == KVP_ENOPEER ? " why: " : "",

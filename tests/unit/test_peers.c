@@ -12,8 +12,8 @@
 
 #include <jansson.h>
 
-#include "check.h"
 #include "ctrl_priv.h"
+#include "kvp_test.h"
 
 static struct kvp_node node;
 static const struct kvp_transport_ops ops = { .name = "tcp" };
@@ -116,11 +116,9 @@ admin_refusals(void)
 			 cases[i].params);
 		int code = rpc(req, msg, sizeof(msg));
 
-		if (code != cases[i].code || !strstr(msg, cases[i].says)) {
-			fprintf(stderr, "peer_add %s: %d '%s', want %d '%s'\n", cases[i].params, code,
-				msg, cases[i].code, cases[i].says);
-			check_failures++;
-		}
+		if (code != cases[i].code || !strstr(msg, cases[i].says))
+			kvp_test_fail(__FILE__, __LINE__, "peer_add %s: %d '%s', want %d '%s'",
+				      cases[i].params, code, msg, cases[i].code, cases[i].says);
 	}
 	CHECK_EQ(node.npeers, before);
 	CHECK_EQ(rpc("{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"peer_remove\",\"params\":"
@@ -165,5 +163,5 @@ main(void)
 	slots();
 	admin_refusals();
 	peer_table_fini(&node);
-	return check_result("test_peers");
+	return kvp_test_result("test_peers");
 }
