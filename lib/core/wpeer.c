@@ -120,8 +120,14 @@ wpeer_close(struct kvp_worker *w, uint16_t slot)
 	}
 	p->state = KVP_WP_CLOSING;
 	fail_waiting(w, p, KVP_ENOPEER, KVP_PEER_WHY_REMOVED);
-	if (p->inflight == 0 && !p->close_due)
+	/* Outside the transports' callbacks here: close at once rather than at the tick. */
+	if (p->inflight == 0) {
+		if (p->close_due) {
+			p->close_due = false;
+			w->closes_due--;
+		}
 		finish_close(w, slot);
+	}
 }
 
 int

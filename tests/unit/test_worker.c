@@ -445,16 +445,21 @@ test_peer_slots(void)
 	timers(kvp_mono_ns() + 100 * MS);
 	expect_peer_done(&a, 7, KVP_EPEER, KVP_PEER_WHY_CONNECT, h2);
 	CHECK_EQ(w.nwaiting, 1);
-	/* Past its bound and still no link: fails at once (the reason the main lcore gave). */
-	submit_to(&a, h2, 10, HOUR_NS);
+	/* Past its bound and no link: a transfer fails at once (the reason the main lcore gave). */
+	uint16_t h3 = kvp_peer_handle(3, 0);
+
+	peer_open(3, 0, KVP_PEER_WHY_AUTH, 1);
+	CHECK_EQ(kvp_worker_inbox(&w), 1);
+	submit_to(&a, h3, 10, HOUR_NS);
 	poll_worker();
-	expect_peer_done(&a, 10, KVP_EPEER, KVP_PEER_WHY_CONNECT, h2);
+	expect_peer_done(&a, 10, KVP_EPEER, KVP_PEER_WHY_AUTH, h3);
 	/* Closing fails the waiting ones with no-peer. */
 	peer_msg(KVP_MSG_PEER_CLOSE, 1, false);
 	peer_msg(KVP_MSG_PEER_CLOSE, 2, false);
-	CHECK_EQ(kvp_worker_inbox(&w), 2);
+	peer_msg(KVP_MSG_PEER_CLOSE, 3, false);
+	CHECK_EQ(kvp_worker_inbox(&w), 3);
 	expect_peer_done(&a, 8, KVP_ENOPEER, KVP_PEER_WHY_REMOVED, h1b);
-	CHECK_EQ(drain_outbox(KVP_MSG_PEER_CLOSED), 2);
+	CHECK_EQ(drain_outbox(KVP_MSG_PEER_CLOSED), 3);
 	CHECK_EQ(w.nwaiting, 0);
 	CHECK_EQ(cq_count(&a), 0);
 	CHECK_EQ(posts, 2);
