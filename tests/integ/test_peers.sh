@@ -39,7 +39,7 @@ admin_socket = "$KVP_TMP/$1.admin";
 listen = "$2";
 auth = "none";
 log_level = "${PC_LOG:-info}";
-timeouts = { peer_ms = 3000; reconnect_ms = 100; connect_ms = 1000; };
+timeouts = { peer_ms = 3000; reconnect_ms = 100; connect_ms = 1000; ${PC_TIMEOUTS:-} };
 limits = { max_peers = ${PC_MAX_PEERS:-8}; };
 ${4:-}
 peers = ( $3 );
@@ -350,7 +350,8 @@ refused() {
 case_bad() {
 	local port
 	port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-	PC_MAX_PEERS=3 peers_conf prefill0 "127.0.0.1:$port" '{ node_id = "decode0"; addr = "127.0.0.1:9"; }'
+	PC_MAX_PEERS=3 PC_TIMEOUTS="peer_forget_ms = 1000;" \
+		peers_conf prefill0 "127.0.0.1:$port" '{ node_id = "decode0"; addr = "127.0.0.1:9"; }'
 	start_daemon prefill0 ""
 	wait_admin prefill0
 	ctl prefill0 --json peers >"$KVP_TMP/before.json"
@@ -393,6 +394,25 @@ case_bad() {
 	ctl prefill0 peer add x2 127.0.0.1:7992 >/dev/null
 	[[ $(ctl_get prefill0 peers "[p['index'] for p in d['peers'] if p['node_id'] == 'x2'][0]") == 1026 ]] ||
 		fail "the re-added peer did not get a new handle (slot 2, generation 1)"
+	# On demand, an address nobody listens at: the first transfer waits for the
+	# connection up to timeouts.connect_ms, then fails with "peer" and the reason.
+	ctl prefill0 peer remove x1 >/dev/null
+	wait_json prefill0 peers "len(d['peers']) == 2" 10 "x1's slot freed"
+	printf '0x%016x\n' 1 >"$KVP_TMP/none.key"
+	rc=0
+	"$PEERS_CLIENT" first -s "$(sock_of prefill0)" --peer 127.0.0.1:10 --key-file "$KVP_TMP/none.key" \
+		--xfer 4k >"$KVP_TMP/first.out" 2>&1 || rc=$?
+	cat "$KVP_TMP/first.out" >&2
+	[[ $rc -eq 1 ]] && grep -q 'status peer .* why: no connection within timeouts.connect_ms' "$KVP_TMP/first.out" ||
+		fail "a transfer to an unreachable address: exit $rc, expected status peer with the reason"
+	awk '{ exit !($3 >= 900 && $3 < 10000) }' "$KVP_TMP/first.out" ||
+		fail "it did not wait for the connection (timeouts.connect_ms = 1000)"
+	json_check <(ctl prefill0 --json peers) "any(p['addr'] == '127.0.0.1:10' and p['origin'] == 'on_demand' and p['node_id'] == '' for p in d['peers'])" \
+		"the address is not an on-demand peer"
+	# Without a link for timeouts.peer_forget_ms (1 s here), an on-demand peer is forgotten.
+	wait_json prefill0 peers "not any(p['addr'] == '127.0.0.1:10' for p in d['peers'])" 10 "the on-demand peer forgotten"
+	stats_json prefill0 >"$KVP_TMP/s2.json"
+	json_check "$KVP_TMP/s2.json" "d['totals']['peers_forgotten'] == 1" "the forgotten peer is not counted"
 	stop_daemon_checked prefill0
 }
 

@@ -226,6 +226,11 @@ main(int argc, char **argv)
 		     3, "2 peers, but limits.max_peers is 1");
 	expect_error("node_id = \"n1\";\nlimits = { max_peers = 0; };\n", 2, "out of range");
 	expect_error("node_id = \"n1\";\nlimits = { max_peers = 1025; };\n", 2, "out of range");
+	/* Forgetting faster than a second would drop a peer between two reconnect tries. */
+	expect_error("node_id = \"n1\";\ntimeouts = { peer_forget_ms = 999; };\n", 2,
+		     "timeouts.peer_forget_ms: 999 out of range [1000, 86400000]");
+	expect_error("node_id = \"n1\";\ntimeouts = { peer_forget_ms = 86400001; };\n", 2,
+		     "out of range");
 	expect_error("node_id = \"n1\";\npeers = ( { node_id = \"p\"; addr = \"a b:1\"; } );\n", 2,
 		     "host:port");
 	{
