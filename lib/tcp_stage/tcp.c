@@ -119,8 +119,17 @@ tcp_create(struct kvp_worker *w, unsigned idx, void **tctx)
 			goto err;
 		}
 	}
-	/* Each connection has at most one send and one recv in flight. */
-	rc = io_uring_queue_init(kvp_pow2_ceil(2 * t->nconns + 8), &t->ring, 0);
+	/*
+	 * Each connection has at most one send and one recv in flight.
+	 * COOP_TASKRUN: a completion that needs this thread's task work
+	 * (every recv that had to wait for data) no longer interrupts it
+	 * with an IPI; a sleeping worker is still woken, and a spinning one
+	 * sees IORING_SQ_TASKRUN (TASKRUN_FLAG) and enters the kernel.
+	 */
+	rc = io_uring_queue_init(kvp_pow2_ceil(2 * t->nconns + 8), &t->ring,
+				 IORING_SETUP_COOP_TASKRUN | IORING_SETUP_TASKRUN_FLAG);
+	if (rc == -EINVAL) /* kernels before 5.19 */
+		rc = io_uring_queue_init(kvp_pow2_ceil(2 * t->nconns + 8), &t->ring, 0);
 	if (rc < 0) {
 		t->ring.ring_fd = -1;
 		goto err;
@@ -326,6 +335,9 @@ tcp_progress(void *tctx)
 	int work = 0;
 	unsigned n;
 
+	/* Completions waiting for task work are posted only once this thread enters the kernel. */
+	if (IO_URING_READ_ONCE(*t->ring.sq.kflags) & IORING_SQ_TASKRUN)
+		io_uring_get_events(&t->ring);
 	while ((n = io_uring_peek_batch_cqe(&t->ring, cqes, 64)) > 0) {
 		for (unsigned i = 0; i < n; i++)
 			handle_cqe(t, cqes[i]);
