@@ -32,6 +32,9 @@ tcp_destroy(void *tctx)
 		rte_free(c->rxt);
 	}
 	rte_free(t->conns);
+	rte_free(t->q_round);
+	rte_free(t->q_used);
+	rte_free(t->q_blocked);
 	stage_fini(&t->stage);
 	if (t->ring.ring_fd > 0)
 		io_uring_queue_exit(&t->ring);
@@ -87,7 +90,11 @@ tcp_create(struct kvp_worker *w, unsigned idx, void **tctx)
 	t->zerocopy = cfg->tcp_zerocopy;
 	t->peer_ns = (uint64_t)cfg->peer_timeout_ms * 1000000;
 	t->conns = rte_zmalloc_socket("kvp_tcp_conns", sizeof(*t->conns) * t->nconns, 64, socket);
-	if (!t->conns) {
+	t->q_round = rte_zmalloc_socket("kvp_tcp_q", sizeof(uint32_t) * cfg->max_clients, 64, socket);
+	t->q_used = rte_zmalloc_socket("kvp_tcp_q", sizeof(uint64_t) * cfg->max_clients, 64, socket);
+	t->q_blocked = rte_zmalloc_socket("kvp_tcp_q", sizeof(uint32_t) * cfg->max_clients, 64,
+					  socket);
+	if (!t->conns || !t->q_round || !t->q_used || !t->q_blocked) {
 		rc = -ENOMEM;
 		goto err;
 	}
@@ -163,6 +170,7 @@ tcp_attach(void *tctx, uint16_t peer, uint8_t link, int fd, bool outgoing, uint6
 	c->send_busy = c->recv_busy = c->recv_next = false;
 	c->pend_head = c->pend_tail = NULL;
 	c->unsent = 0;
+	c->framed = 0;
 	c->rx_start = c->rx_end = 0;
 	c->rx_state = RX_HDR;
 	c->rx_region = NULL;
@@ -349,6 +357,7 @@ tcp_progress(void *tctx)
 		t->next_tick_ns = now + t->peer_ns / 16;
 		liveness(t, now);
 		tcp_tx_sweep(t, now);
+		stage_tick(&t->stage);
 		if (t->stage_blocked) {
 			for (uint32_t i = 0; i < t->nconns; i++)
 				if (t->conns[i].state == CONN_UP && t->conns[i].outgoing)
