@@ -93,6 +93,7 @@ enum stat_src {
 	SS_RAIL_STATS,	/* kvp_rail_stats field of the instance's rail, summed over workers */
 	SS_NODE,	/* kvp_node field of .size bytes (main lcore) */
 	SS_MR,		/* kvp_mr_stats field (RDMA registrations) */
+	SS_CHAN,	/* kvp_chan_stats field of the instance's client (its worker writes it) */
 	SS_FN,		/* fn(node, instance) */
 };
 
@@ -130,6 +131,8 @@ extern const unsigned stat_nrows;
 
 /** Name of an ibv_wc_status value ("retry_exc_err", ...). */
 const char *stats_wc_name(unsigned st);
+/** The channel of the client in slot @p slot, or NULL if none is connected there. */
+const struct kvp_chan *stats_client_chan(const struct kvp_node *n, unsigned slot);
 /** The port behind rail index @p rail, or NULL. */
 const struct kvp_rail_info *stats_rail_port(const struct kvp_node *n, unsigned rail);
 /** Histogram of (peer, phase) summed over the workers. */
