@@ -37,6 +37,7 @@ struct opts {
 	const char *sock;
 	const char *peer;
 	const char *key_file;
+	const char *linger_file; /* keep the clients connected until it exists (after the report) */
 	uint64_t clients, seg, segs, count, queue;
 	uint64_t light_seg, light_count, light_gap_ms;
 	uint64_t timeout_ms;
@@ -251,6 +252,10 @@ run(const struct opts *o)
 		printf("}");
 	}
 	printf("}\n");
+	fflush(stdout);
+	/* A test reads the daemon's per-client counts while the clients are still there. */
+	while (o->linger_file && access(o->linger_file, F_OK) != 0 && now_ns() < deadline)
+		nanosleep(&(struct timespec){ .tv_nsec = 20000000 }, NULL);
 	for (unsigned i = 0; i < nall; i++)
 		kvp_close(cls[i].c);
 	free(lat);
@@ -286,6 +291,7 @@ main(int argc, char **argv)
 		{ "light-gap-ms", required_argument, NULL, 'G' },
 		{ "timeout-ms", required_argument, NULL, 't' },
 		{ "run-timeout", required_argument, NULL, 'T' },
+		{ "linger-file", required_argument, NULL, 'L' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
@@ -308,10 +314,12 @@ main(int argc, char **argv)
 		case 'G': o.light_gap_ms = parse_size(optarg); break;
 		case 't': o.timeout_ms = parse_size(optarg); break;
 		case 'T': o.run_s = strtod(optarg, NULL); break;
+		case 'L': o.linger_file = optarg; break;
 		case 'h':
 			puts("usage: kvp-fair-bench -s SOCK --peer NODE_ID --key-file PATH [--clients N]\n"
 			     "  [--seg BYTES] [--segs K] [--count C] [--queue Q] [--light-count L]\n"
 			     "  [--light-seg BYTES] [--light-gap-ms MS] [--timeout-ms MS] [--run-timeout SEC]\n"
+			     "  [--linger-file PATH]\n"
 			     "The sink's region (kvp-latency-bench sink) must hold segs x seg bytes.");
 			return 0;
 		default: return 2;
