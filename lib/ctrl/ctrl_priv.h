@@ -54,6 +54,15 @@ int ctrl_accept_spare(struct kvp_node *n, int lfd);
 /** Take the spare descriptor back after ctrl_accept_spare(). @return false if none was left */
 bool ctrl_spare_restore(struct kvp_node *n);
 
+/* ---- helper threads for slow steps (jobs.c) ---- */
+
+/** Start the helpers (none with env.ctrl_inline); regions removed from now on unmap there. */
+int jobs_init(struct kvp_node *n);
+/** Run what is queued, join the helpers, run the done() of what they ran. */
+void jobs_fini(struct kvp_node *n);
+/** Run @p j on a helper; its done() follows on the main lcore (at once without helpers). */
+void job_post(struct kvp_node *n, struct kvp_job *j);
+
 /* ---- JSON-RPC (admin_rpc.c) ---- */
 
 /* Why a method returned no result: code and message of the JSON-RPC error. */

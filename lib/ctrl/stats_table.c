@@ -79,7 +79,10 @@ gpu_region_bytes(const struct kvp_node *n, unsigned i)
 	for (uint32_t k = 0; k < n->regions.size; k++) {
 		const struct kvp_region *r = &n->regions.slots[k];
 
-		if (atomic_load((_Atomic uint32_t *)&r->state) != KVP_REGION_FREE &&
+		uint32_t st = atomic_load((_Atomic uint32_t *)&r->state);
+
+		/* A BUSY slot's fields belong to the helper mapping or unmapping it. */
+		if ((st == KVP_REGION_ACTIVE || st == KVP_REGION_DEAD) &&
 		    (r->flags & KVP_REGION_F_GPU))
 			sum += r->len;
 	}
@@ -342,6 +345,9 @@ const struct stat_row stat_rows[] = {
 	{ "status", "workers", "kvproxy_workers", N(nworkers), G, .help = "Worker lcores." },
 	{ "status", "clients", "kvproxy_clients", N(nclients), G, .help = "Connected clients." },
 	{ "status", "regions", "kvproxy_regions", N(regions.used), G, .help = "Registered regions." },
+	{ "status", "registering", "kvproxy_regions_registering", N(registering), G,
+	  .help = "Region registrations under way (mapping, GPU import, RDMA registration run on "
+		  "helper threads, off the control loop)." },
 	{ "status", "inflight", REF("totals") },
 	{ "status", "peers", "kvproxy_peers", N(cfg.npeers), G, .help = "Configured peers." },
 	{ "status", "peers_up", FN(peers_up), .derived = "the count of kvproxy_peer_up at 1" },
@@ -404,6 +410,10 @@ const struct stat_row stat_rows[] = {
 	  .help = "Clients disconnected for breaking the shared-ring protocol." },
 	{ "totals", "admin_cancels", "kvproxy_admin_cancels_total", W(admin_cancels),
 	  .help = "Transfers canceled through the admin socket (cancel)." },
+	{ "totals", "control_loop_max_ms", "kvproxy_control_loop_pass_seconds_max", N(loop_max_ns),
+	  G, .unit = SU_NS_MS,
+	  .help = "Longest pass of the main lcore's event loop (its callbacks and timers): how "
+		  "long admin replies and client and peer handshakes may have waited." },
 
 	{ "staging", "buffers", "kvproxy_staging_buffers", W(stage_bufs), G,
 	  .help = "Staging buffers in the pool." },
