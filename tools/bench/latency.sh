@@ -10,12 +10,22 @@
 # Two kvproxyd (default configuration; their worker lcores on different
 # CPUs, as on two hosts) on loopback in one private network namespace, or
 # with --veth in two namespaces joined by a veth pair. For each size, R
-# interleaved rounds of N transfers: kvp-latency-bench ping/pong, then
-# kvp-latency-bench run (one transfer, one segment, at a time, to a sink
-# client on the other node). Prints p50/p99/p99.9 of every series (all
-# rounds pooled) and kvproxy's ratio to the ping-pong, plus the median of
-# each phase stamp kvproxy recorded (where the time went). --png draws the
-# latency distributions (needs python3-matplotlib).
+# interleaved rounds of N transfers each of three series:
+#   ping-pong        kvp-latency-bench ping/pong, blocking, where the
+#                    scheduler puts them (on this 2-CPU VM: both on one CPU,
+#                    where a wake-up costs ~2 us instead of ~20 across CPUs)
+#   ping-pong/cpus   the same, its ends on the two workers' CPUs and polling
+#                    their sockets as the workers do (--spin): the path a
+#                    transfer's bytes take between the two workers
+#   kvproxy          kvp-latency-bench run: one transfer (one segment) at a
+#                    time, clients where the scheduler puts them, to a sink
+#                    client on the other node
+# Prints p50/p99/p99.9 of every series (all rounds pooled), kvproxy's ratios
+# to both references, and the median of each phase stamp kvproxy recorded
+# (where the time went: queue = client to worker, first/post = handing the
+# bytes to the kernel, wire = until the receiver's ACK is in, client_wake =
+# completion posted to the client having it). --png draws the latency
+# distributions (needs python3-matplotlib).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -71,6 +81,10 @@ else
 	path="loopback in one network namespace"
 fi
 log "path: $path; $REPS rounds of $ITERS per size and series"
+# The workers' CPUs (EAL lcore ids are CPU ids with -l): the pinned ping-pong's ends.
+CPU_P=$(ctl prefill0 --json stats | python3 -c 'import json,sys; print(json.load(sys.stdin)["workers"][0]["lcore"])')
+CPU_D=$(ctl decode0 --json stats | python3 -c 'import json,sys; print(json.load(sys.stdin)["workers"][0]["lcore"])')
+log "worker CPUs: prefill0 $CPU_P, decode0 $CPU_D"
 
 spawn "$NS_D" "$KVP_TMP/pong.log" - "$LAT" pong --addr "$DEC_ADDR:5301" --size 1
 PONG1=$SPAWNED
@@ -80,24 +94,33 @@ for size in "${SIZES[@]}"; do
 	spawn "$NS_D" "$KVP_TMP/sink.$size.log" - "$LAT" sink -s "$(sock_of decode0)" --size "$size" \
 		--key-file "$KVP_TMP/key.$size" --stop-file "$KVP_TMP/stop.$size"
 	SINK=$SPAWNED
-	spawn "$NS_D" "$KVP_TMP/pong.$size.log" - "$LAT" pong --addr "$DEC_ADDR:$((5400 + size % 997))" \
-		--size "$size"
+	port=$((5400 + size % 997))
+	spawn "$NS_D" "$KVP_TMP/pong.$size.log" - "$LAT" pong --addr "$DEC_ADDR:$port" --size "$size"
 	PONG=$SPAWNED
+	spawn "$NS_D" "$KVP_TMP/pongc.$size.log" - taskset -c "$CPU_D" "$LAT" pong \
+		--addr "$DEC_ADDR:$((port + 1))" --size "$size" --spin
+	PONGC=$SPAWNED
 	for ((r = 0; r < REPS; r++)); do
-		in_ns "$NS_P" "$LAT" ping --addr "$DEC_ADDR:$((5400 + size % 997))" --size "$size" \
+		in_ns "$NS_P" "$LAT" ping --addr "$DEC_ADDR:$port" --size "$size" \
 			--iters "$ITERS" --warmup 200 --samples "$KVP_TMP/pp.$size.$r" --json \
 			>"$KVP_TMP/pp.$size.$r.json" || fail "ping-pong $size failed"
+		in_ns "$NS_P" taskset -c "$CPU_P" "$LAT" ping --addr "$DEC_ADDR:$((port + 1))" \
+			--size "$size" --iters "$ITERS" --warmup 200 --spin --samples "$KVP_TMP/ppc.$size.$r" \
+			--json >"$KVP_TMP/ppc.$size.$r.json" || fail "ping-pong/cpus $size failed"
 		in_ns "$NS_P" "$LAT" run -s "$(sock_of prefill0)" --peer decode0 \
 			--key-file "$KVP_TMP/key.$size" --size "$size" --iters "$ITERS" --warmup 200 \
 			--samples "$KVP_TMP/kvp.$size.$r" --json >"$KVP_TMP/kvp.$size.$r.json" ||
 			fail "kvproxy run $size failed"
-		log "size $size round $r: ping-pong $(json_get "$KVP_TMP/pp.$size.$r.json" 'd["latency"]["p50_us"]') us," \
-			"kvproxy $(json_get "$KVP_TMP/kvp.$size.$r.json" 'd["latency"]["p50_us"]') us (p50)"
+		log "size $size round $r (p50 us): ping-pong $(json_get "$KVP_TMP/pp.$size.$r.json" 'd["latency"]["p50_us"]')," \
+			"ping-pong/cpus $(json_get "$KVP_TMP/ppc.$size.$r.json" 'd["latency"]["p50_us"]')," \
+			"kvproxy $(json_get "$KVP_TMP/kvp.$size.$r.json" 'd["latency"]["p50_us"]')"
 	done
 	touch "$KVP_TMP/stop.$size"
 	wait_pid "$SINK" 30 || fail "sink client ($size) failed"
-	stop_pid "$PONG" 5 >/dev/null 2>&1 || true
-	untrack "$PONG"
+	for p in "$PONG" "$PONGC"; do
+		stop_pid "$p" 5 >/dev/null 2>&1 || true
+		untrack "$p"
+	done
 done
 stop_pid "$PONG1" 5 >/dev/null 2>&1 || true
 untrack "$PONG1"
@@ -119,19 +142,23 @@ def med(key, size):
     return vals[len(vals) // 2]
 res = {"path": path, "sizes": []}
 print("\n%s; %d rounds pooled; microseconds" % (path, reps))
-print("%-8s %-10s %8s %8s %8s   %s" % ("size", "series", "p50", "p99", "p99.9", "kvproxy / ping-pong"))
+print("%-8s %-15s %8s %8s %8s   %s" % ("size", "series", "p50", "p99", "p99.9", "kvproxy / reference"))
 stats = json.load(open("%s/prefill.stats" % tmp))
+QS = (("p50", .5), ("p99", .99), ("p999", .999))
 for s in sizes:
-    pp, kv = samples("pp", s), samples("kvp", s)
-    row = {"size": int(s), "pingpong": {k: q(pp, p) for k, p in (("p50", .5), ("p99", .99), ("p999", .999))},
-           "kvproxy": {k: q(kv, p) for k, p in (("p50", .5), ("p99", .99), ("p999", .999))}}
-    row["ratio"] = {k: row["kvproxy"][k] / row["pingpong"][k] for k in row["kvproxy"]}
+    row = {"size": int(s)}
+    for kind, name in (("pp", "pingpong"), ("ppc", "pingpong_cpus"), ("kvp", "kvproxy")):
+        v = samples(kind, s)
+        row[name] = {k: q(v, p) for k, p in QS}
+    row["ratio"] = {k: row["kvproxy"][k] / row["pingpong"][k] for k, _ in QS}
+    row["ratio_cpus"] = {k: row["kvproxy"][k] / row["pingpong_cpus"][k] for k, _ in QS}
     row["phases_p50_us"] = {k: med(k, s) for k in ("queue", "admit", "first", "post", "wire", "deliver", "e2e", "client_wake")}
     res["sizes"].append(row)
-    print("%-8s %-10s %8.1f %8.1f %8.1f" % (s, "ping-pong", *row["pingpong"].values()))
-    print("%-8s %-10s %8.1f %8.1f %8.1f   p50 %.2fx  p99 %.2fx  p99.9 %.2fx" %
-          (s, "kvproxy", *row["kvproxy"].values(), *row["ratio"].values()))
-    print("%-8s %-10s %s" % ("", "phases", "  ".join("%s %.1f" % kv for kv in row["phases_p50_us"].items())))
+    print("%-8s %-15s %8.1f %8.1f %8.1f" % (s, "ping-pong", *row["pingpong"].values()))
+    print("%-8s %-15s %8.1f %8.1f %8.1f" % (s, "ping-pong/cpus", *row["pingpong_cpus"].values()))
+    print("%-8s %-15s %8.1f %8.1f %8.1f   p50 %.2fx p99 %.2fx p99.9 %.2fx (/cpus: %.2fx %.2fx %.2fx)" %
+          (s, "kvproxy", *row["kvproxy"].values(), *row["ratio"].values(), *row["ratio_cpus"].values()))
+    print("%-8s %-15s %s" % ("", "phases (p50)", "  ".join("%s %.1f" % kv for kv in row["phases_p50_us"].items())))
 print("prefill0 worker sleeps: %s" % [w["sleeps"] for w in stats["workers"]])
 if out:
     json.dump(res, open(out, "w"), indent=1)
@@ -145,7 +172,7 @@ if png:
         sys.exit(0)
     fig, axes = plt.subplots(1, len(sizes), figsize=(5 * len(sizes), 4))
     for ax, s in zip(axes if len(sizes) > 1 else [axes], sizes):
-        for kind, label in (("pp", "TCP ping-pong"), ("kvp", "kvproxy")):
+        for kind, label in (("pp", "TCP ping-pong"), ("ppc", "TCP ping-pong, workers' CPUs, polling"), ("kvp", "kvproxy")):
             v = [x / 1e3 for x in samples(kind, s)]
             ax.plot(v, [(i + 1) / len(v) for i in range(len(v))], label=label)
         ax.set_xscale("log")

@@ -23,6 +23,7 @@
 #include <inttypes.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -49,7 +50,10 @@ struct opts {
 	uint64_t warmup;
 	double timeout_s;
 	bool json;
+	bool spin; /* ping/pong: poll the socket (yielding) instead of blocking in recv */
 };
+
+static bool spin_io;
 
 static void __attribute__((format(printf, 1, 2), noreturn))
 die(const char *fmt, ...)
@@ -300,10 +304,15 @@ io_all(int fd, void *buf, size_t len, bool wr)
 {
 	for (size_t done = 0; done < len;) {
 		ssize_t r = wr ? send(fd, (char *)buf + done, len - done, MSG_NOSIGNAL)
-			       : recv(fd, (char *)buf + done, len - done, 0);
+			       : recv(fd, (char *)buf + done, len - done, spin_io ? MSG_DONTWAIT : 0);
 
 		if (r < 0 && errno == EINTR)
 			continue;
+		if (r < 0 && spin_io && !wr && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+			/* Spin as kvproxy's workers do before they sleep: yielding to whoever is runnable. */
+			sched_yield();
+			continue;
+		}
 		if (r <= 0)
 			return false;
 		done += (size_t)r;
@@ -382,8 +391,8 @@ cmd_ping(const struct opts *o)
 		write_samples(o->samples, lat, n);
 	FILE *f = o->json ? stdout : stderr;
 
-	fprintf(f, "{\"kind\":\"pingpong\",\"size\":%" PRIu64 ",\"iters\":%zu,\"latency\":", o->size,
-		n);
+	fprintf(f, "{\"kind\":\"pingpong\",\"spin\":%s,\"size\":%" PRIu64 ",\"iters\":%zu,\"latency\":",
+		o->spin ? "true" : "false", o->size, n);
 	print_quantiles(f, lat, n);
 	fprintf(f, "}\n");
 	free(lat);
@@ -419,9 +428,11 @@ usage(FILE *f)
 	      "                         [--timeout SEC]\n"
 	      "  kvp-latency-bench run  -s SOCK --peer NODE_ID --key-file PATH --size BYTES\n"
 	      "                         [--iters N] [--warmup N] [--samples FILE] [--json]\n"
-	      "  kvp-latency-bench pong --addr IPV4:PORT --size BYTES\n"
+	      "  kvp-latency-bench pong --addr IPV4:PORT --size BYTES [--spin]\n"
 	      "  kvp-latency-bench ping --addr IPV4:PORT --size BYTES [--iters N] [--warmup N]\n"
-	      "                         [--samples FILE] [--json]\n"
+	      "                         [--samples FILE] [--json] [--spin]\n"
+	      "--spin: ping/pong poll their socket, yielding the CPU between tries, instead of\n"
+	      "blocking in recv (as kvproxy's workers do before they sleep).\n"
 	      "Sizes take k/m/g suffixes. Latencies: microseconds; samples: nanoseconds.\n",
 	      f);
 }
@@ -436,6 +447,7 @@ main(int argc, char **argv)
 		{ "size", required_argument, NULL, 'z' },     { "iters", required_argument, NULL, 'n' },
 		{ "warmup", required_argument, NULL, 'w' },   { "timeout", required_argument, NULL, 't' },
 		{ "json", no_argument, NULL, 'j' },	      { "help", no_argument, NULL, 'h' },
+		{ "spin", no_argument, NULL, 'S' },
 		{ NULL, 0, NULL, 0 },
 	};
 	struct opts o = { .iters = 1000, .warmup = 100, .timeout_s = 3600 };
@@ -455,6 +467,7 @@ main(int argc, char **argv)
 		case 'w': o.warmup = parse_size(optarg); break;
 		case 't': o.timeout_s = strtod(optarg, NULL); break;
 		case 'j': o.json = true; break;
+		case 'S': o.spin = spin_io = true; break;
 		case 'h': usage(stdout); return 0;
 		default: usage(stderr); return 2;
 		}
