@@ -18,7 +18,16 @@
 #include "kvp_ctrl.h"
 #include "kvproxyd.h"
 
-char kvp_cores_why[256] = "EAL arguments";
+char kvp_cores_why[512] = "EAL arguments";
+bool kvp_cores_dedicated;
+int kvp_cores_ncpus;
+
+/*
+ * CPUs this process may use for "auto" to give the worker a core of its own:
+ * its own, the main lcore's, and two left for the clients and the kernel's
+ * network work. Fewer, and a spinning worker starves what it waits for.
+ */
+#define DEDICATED_MIN_CPUS 4
 static char **args; /* the argv we built, freed at exit */
 
 static void
@@ -103,6 +112,8 @@ pick_auto(const struct kvp_config *cfg, unsigned *main_cpu, unsigned *worker_cpu
 
 	if (sched_getaffinity(0, sizeof(set), &set) < 0)
 		return -errno;
+	kvp_cores_ncpus = CPU_COUNT(&set);
+	kvp_cores_dedicated = kvp_cores_ncpus >= DEDICATED_MIN_CPUS;
 	local_cpus(cfg, list, sizeof(list), what, sizeof(what));
 	for (unsigned c = 0; c < CPU_SETSIZE; c++) {
 		if (!CPU_ISSET(c, &set))

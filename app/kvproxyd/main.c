@@ -333,6 +333,27 @@ main(int argc, char **argv)
 	}
 
 	argv = kvp_cores_eal_args(&argc, argv);
+	/*
+	 * A worker with a core of its own polls without sleeping unless the
+	 * file says otherwise: measured, waking a sleeping worker costs 2 to
+	 * 20 us per hop of a small transfer.
+	 */
+	if (kvp_cores_dedicated && !cfg.busy_poll_set) {
+		size_t l = strlen(kvp_cores_why);
+
+		cfg.busy_poll = true;
+		snprintf(kvp_cores_why + l, sizeof(kvp_cores_why) - l,
+			 "; the worker has a core of its own (%d CPUs allowed): busy polling "
+			 "(poll.busy = true; set poll.busy in the file to choose)",
+			 kvp_cores_ncpus);
+	} else if (strncmp(kvp_cores_why, "auto", 4) == 0) {
+		size_t l = strlen(kvp_cores_why);
+
+		snprintf(kvp_cores_why + l, sizeof(kvp_cores_why) - l,
+			 "; %s", cfg.busy_poll ? "busy polling (poll.busy)"
+				: "idle back-off after poll.idle_us (fewer than 4 CPUs allowed, or "
+				  "poll.busy = false in the file)");
+	}
 	char **orig_argv = argv;
 
 	argv = eal_args(&argc, argv);

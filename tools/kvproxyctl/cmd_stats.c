@@ -38,7 +38,8 @@ static const char *const cols_peers[] = {
 	"bad_frames", "last_error", NULL,
 };
 static const char *const cols_clients[] = {
-	"id", "pid", "sq_depth", "cq_depth", "inflight", "regions", "cq_overflow", NULL,
+	"id", "pid", "sq_depth", "cq_depth", "inflight", "regions", "cq_overflow",
+	"admitted", "waited", "refused", NULL,
 };
 static const char *const cols_workers[] = {
 	"lcore", "loops", "busy_ns", "idle_ns", "sleeps", NULL,
