@@ -4,12 +4,13 @@
 #define KVPROXYD_H
 
 /** Why the lcores run where they do ("auto: ...", "configured: ...", "EAL arguments"). */
-extern char kvp_cores_why[256];
+extern char kvp_cores_why[512];
 
 /**
  * Before rte_eal_init(): with cores = "auto" or "MAIN,WORKER" in the
  * configuration and no lcore arguments of the EAL's own, prepend
- * "--lcores 0@MAIN,1@WORKER". @return argv, or a new array (freed at exit)
+ * "--lcores 0@MAIN,1@WORKER[,2@WORKER...]" (workers = N with "auto").
+ * @return argv, or a new array (freed at exit)
  */
 char **kvp_cores_eal_args(int *argc, char **argv);
 

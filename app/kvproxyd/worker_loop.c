@@ -63,10 +63,19 @@ kvp_worker_loop(void *arg)
 			KVP_STAT_ADD(w->stats.idle_ns, now - prev);
 			/* Runtime knobs (config_set): relaxed loads of the main lcore's stores. */
 			if (!KVP_STAT_READ(w->cfg->busy_poll) &&
-			    now - idle_since >= (uint64_t)KVP_STAT_READ(w->cfg->idle_us) * 1000)
+			    now - idle_since >= (uint64_t)KVP_STAT_READ(w->cfg->idle_us) * 1000) {
 				worker_sleep(w);
-			else
+				/*
+				 * Blocked with nothing to do: idle. Counted here, so the
+				 * pass that wakes up measures only its own work.
+				 */
+				uint64_t woke = kvp_mono_ns();
+
+				KVP_STAT_ADD(w->stats.idle_ns, woke - now);
+				now = woke;
+			} else {
 				rte_pause();
+			}
 		}
 		prev = now;
 	}

@@ -127,7 +127,9 @@ vec_len(const struct kvp_node *n, const struct stat_row *r)
 	case SV_WC:
 		return KVP_WC_STATUS_MAX;
 	case SV_LINK:
-		return n->cfg.tcp_conns < KVP_LINKS_MAX ? n->cfg.tcp_conns : KVP_LINKS_MAX;
+		/* Links of a peer: tcp.connections per worker. */
+		return n->nworkers * n->cfg.tcp_conns < KVP_LINKS_MAX ? n->nworkers * n->cfg.tcp_conns
+								      : KVP_LINKS_MAX;
 	}
 	return 1;
 }

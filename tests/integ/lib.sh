@@ -223,8 +223,20 @@ sock_of() { echo "$KVP_TMP/$1.sock"; }
 admin_of() { echo "$KVP_TMP/$1.admin"; }
 
 # EAL arguments shared by every daemon of the suite (no hugepages, no shared
-# config, so several primaries can run on one host).
-KVP_EAL=(-l "0,1" --no-huge --no-shconf -m 256 --log-level=lib.eal:error)
+# config, so several primaries can run on one host). KVP_WORKERS=N (meson
+# sets 2 for the *_w2 variants) gives each daemon N worker lcores, all free
+# to run on any CPU of this host (the CI host has 2: the daemons' workers
+# share them and back off to blocking waits when idle).
+KVP_WORKERS=${KVP_WORKERS:-1}
+if [[ $KVP_WORKERS -gt 1 ]]; then
+	_cpus="(0-$(($(nproc) - 1)))"
+	_map="0@$_cpus"
+	for ((_i = 1; _i <= KVP_WORKERS; _i++)); do _map+=",$_i@$_cpus"; done
+	KVP_EAL=(--lcores "$_map" --no-huge --no-shconf -m 256 --log-level=lib.eal:error)
+	unset _cpus _map _i
+else
+	KVP_EAL=(-l "0,1" --no-huge --no-shconf -m 256 --log-level=lib.eal:error)
+fi
 # Extra EAL words from the environment (e.g. "-d /path/librte_mempool_ring.so"
 # on a host without DPDK's plugin directory).
 read -r -a KVP_EAL_EXTRA_ARR <<<"${KVP_EAL_EXTRA:-}"
@@ -234,15 +246,16 @@ KVP_EAL+=("${KVP_EAL_EXTRA_ARR[@]}")
 # the host); its pid goes to DPID[NODE_ID], its output to $KVP_TMP/NODE_ID.log.
 # KVP_EAL_DECODE / KVP_EAL_PREFILL: EAL words for decode* / prefill* daemons
 # only (the benchmarks put their lcores on different CPUs, as on two hosts);
-# with KVP_EAL_NO_LCORES=1 KVP_EAL's "-l 0,1" is left out (those words name
-# the lcores).
+# with KVP_EAL_NO_LCORES=1 KVP_EAL's lcore words ("-l 0,1" or "--lcores
+# MAP") are left out (those words name the lcores).
 declare -A DPID=()
 start_daemon() {
 	local id=$1 ns=$2 logf="$KVP_TMP/$1.log" extra=() eal=("${KVP_EAL[@]}")
 	KVP_DAEMON_LOGS+=("$logf")
 	[[ $id == decode* ]] && read -r -a extra <<<"${KVP_EAL_DECODE:-}"
 	[[ $id == prefill* ]] && read -r -a extra <<<"${KVP_EAL_PREFILL:-}"
-	[[ ${KVP_EAL_NO_LCORES:-0} == 1 && ${eal[0]} == -l ]] && eal=("${eal[@]:2}")
+	[[ ${KVP_EAL_NO_LCORES:-0} == 1 && (${eal[0]} == -l || ${eal[0]} == --lcores) ]] &&
+		eal=("${eal[@]:2}")
 	spawn "$ns" "$logf" - "$KVPROXYD" "${eal[@]}" "${extra[@]}" -- -c "$KVP_TMP/$id.conf"
 	DPID[$id]=$SPAWNED
 	log "started kvproxyd $id (pid ${DPID[$id]}${ns:+, netns $ns})"
