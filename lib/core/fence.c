@@ -305,7 +305,8 @@ static int
 mirror_timer(struct kvp_worker *w, struct kvp_fence *f, uint64_t now, uint64_t force_ns)
 {
 	if (f->state == KVP_FENCE_PENDING) {
-		bool force = now - f->started_ns >= force_ns;
+		/* Set on the owner's clock reading; this worker's may lag it by a hair. */
+		bool force = now > f->started_ns && now - f->started_ns >= force_ns;
 
 		f->forced |= force;
 		if (landings(w, f, force) == 0) {
@@ -323,7 +324,7 @@ static int
 own_timer(struct kvp_worker *w, struct kvp_fence *f, uint64_t now, uint64_t force_ns)
 {
 	if (f->state == KVP_FENCE_PENDING) {
-		uint64_t age = now - f->started_ns;
+		uint64_t age = now > f->started_ns ? now - f->started_ns : 0;
 		bool force = age >= force_ns;
 
 		if (force && !f->forced) {
