@@ -394,6 +394,28 @@ honest_done() {
 	log "honest pair $tag: $size bytes transferred and verified"
 }
 
+# occupy_worker0 NODE NS: with several workers (KVP_WORKERS > 1), an idle
+# client on NODE takes worker 0 (clients go to the worker with the fewest),
+# so the test's next client there sits on worker 1 while the peer's first
+# worker sends to it: its bytes land through worker 0's links and queue
+# pairs, and its landing notices cross to worker 1. Does nothing with one
+# worker. release_worker0 NODE stops that client.
+declare -A KVP_OCCUPIER=()
+occupy_worker0() {
+	[[ $KVP_WORKERS -gt 1 ]] || return 0
+	spawn "$2" "$KVP_TMP/occupy.$1.out" - "$KVPROXY_BENCH" decode -s "$(sock_of "$1")" \
+		--size 4096 --seed 1 --key-file "$KVP_TMP/occupy.$1.key" --timeout 900
+	KVP_OCCUPIER[$1]=$SPAWNED
+	wait_file "$KVP_TMP/occupy.$1.key" 60 "$SPAWNED"
+	log "an idle client holds worker 0 of $1"
+}
+release_worker0() {
+	[[ -n ${KVP_OCCUPIER[$1]:-} ]] || return 0
+	stop_pid "${KVP_OCCUPIER[$1]}" 15 >/dev/null 2>&1 || true
+	untrack "${KVP_OCCUPIER[$1]}"
+	unset "KVP_OCCUPIER[$1]"
+}
+
 # ---- JSON checks (python3's json, no jq needed) ----
 # Expressions see d (the document) and peer(NAME) (its "peers" entry for NAME).
 

@@ -48,10 +48,12 @@ write_conf decode0 "$KVP_RDMA_IP1:7400" prefill0 "$KVP_RDMA_IP0:7400" \
 
 up_pair "" ""
 qps_up() {
-	wait_json prefill0 stats "sum(r['qps_up'] for r in d['rdma']['rails']) == $RAILS" 60 \
-		"prefill0: $RAILS send QP(s) up"
+	wait_json prefill0 stats "sum(r['qps_up'] for r in d['rdma']['rails']) == $RAILS * $KVP_WORKERS" 60 \
+		"prefill0: $RAILS send QP(s) up per worker"
 }
 qps_up
+# With several workers the decode client sits on worker 1 (see lib.sh).
+occupy_worker0 decode0 ""
 
 # transfer TAG SIZE: decode + prefill clients in the background (DEC, PRE).
 transfer() {

@@ -44,6 +44,7 @@ init_test
 # CPU. The decode daemon's main lcore goes to CPU 1 so its worker runs on 0,
 # as two hosts would have it (override with KVP_EAL_DECODE).
 export KVP_EAL_DECODE=${KVP_EAL_DECODE---main-lcore 1}
+log "lcores: prefill0 ${KVP_EAL[*]:0:2} (worker on CPU 1), decode0 the same with $KVP_EAL_DECODE (worker on CPU 0)"
 start_pair 91 "$EXTRA_CONF"
 
 links=$(ctl prefill0 --json peers | python3 -c 'import json,sys; print(json.load(sys.stdin)["peers"][0]["links_up"])')
