@@ -131,8 +131,9 @@ kill)
 	dl=$(deadline_in 120)
 	landed=0
 	while before "$dl" && [[ $landed -lt 1 ]]; do
+		# The first "xfers_landed" is the node's (totals); the workers' rows follow.
 		landed=$(ctl decode0 --json stats 2>/dev/null | grep -o '"xfers_landed": *[0-9]*' |
-			grep -o '[0-9]*$' || echo 0)
+			head -1 | grep -o '[0-9]*$' || echo 0)
 		[[ $landed -ge 1 ]] || sleep "$KVP_POLL"
 	done
 	[[ $landed -ge 1 ]] || fail "decode0 landed nothing within 120 s"
