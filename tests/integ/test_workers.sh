@@ -155,6 +155,23 @@ cross)
 	log "both crossed pairs verified; notices crossed both ways on decode0"
 	reclaimed prefill0 "the clients finished"
 	reclaimed decode0 "the clients finished"
+	# Idle workers block waiting for work: that time is idle, not busy
+	# (issue 19: a blocked wait used to count as busy). A 1 s window of
+	# measurement, not a wait for anything.
+	stats_json decode0 >"$KVP_TMP/i0.stats"
+	sleep 1
+	stats_json decode0 >"$KVP_TMP/i1.stats"
+	python3 - "$KVP_TMP/i0.stats" "$KVP_TMP/i1.stats" <<'PY' || fail "idle workers counted as busy"
+import json, sys
+a, b = (json.load(open(f))["workers"] for f in sys.argv[1:])
+for i, (x, y) in enumerate(zip(a, b)):
+    busy, idle = y["busy_ns"] - x["busy_ns"], y["idle_ns"] - x["idle_ns"]
+    share = busy / (busy + idle) if busy + idle else 1
+    print("worker %d idle for 1 s: busy %.1f %% (%d sleeps)" % (i, 100 * share, y["sleeps"] - x["sleeps"]),
+          file=sys.stderr)
+    if share > 0.2 or busy + idle < 0.5e9:
+        sys.exit(1)
+PY
 	;;
 kill)
 	BIG=$((512 * 1024 * 1024))
