@@ -3,7 +3,6 @@
 
 
 import ctypes
-import enum
 import errno
 import math
 import os
@@ -24,6 +23,7 @@ from ._errors import (
     TransferError,
     error_for,
 )
+from ._status import Status, invalid_detail, status_name
 
 __all__ = [
     "Client",
@@ -40,34 +40,6 @@ _U32_MAX = (1 << 32) - 1
 # kvp_wait() is called in slices of at most this long, so that Ctrl-C, close()
 # from another thread and a finite timeout are all noticed promptly.
 _WAIT_SLICE_MS = 200
-
-
-class Status(enum.IntEnum):
-    """Transfer status of a completion (enum kvp_status). 0 is success."""
-
-    OK = 0  #: every byte landed and was acknowledged
-    INVALID = 1  #: bad descriptor: unknown region, out of bounds, bad length
-    NO_BUFFERS = 2  #: no staging buffers / send window within admission_timeout
-    TIMEOUT = 3  #: the transfer's deadline passed
-    PEER = 4  #: peer unreachable, dead, or the connection was lost
-    CANCELED = 5  #: cancelled by the client or the admin
-    REMOTE = 6  #: the destination node refused the data (e.g. unknown dst key)
-    SHUTDOWN = 7  #: the node is draining or stopping
-    NO_PEER = 8  #: the destination peer index is not configured
-
-
-def status_name(status: int) -> str:
-    """The daemon's name of a transfer status: ``"ok"``, ``"invalid"``, ``"timeout"``, ...
-
-    Unknown values give ``"unknown"``.
-    """
-    raw = _lib.load().kvp_status_str(int(status))
-    return raw.decode() if raw else "unknown"
-
-
-def _invalid_detail(detail: int) -> str:
-    raw = _lib.load().kvp_invalid_str(int(detail))
-    return raw.decode() if raw else ""
 
 
 def _check_u64(name: str, value: Any) -> int:
@@ -182,7 +154,7 @@ class Completion:
             nseg=e.nseg,
             dst_key=e.dst_key,
             phases={name: e.phase_ns[i] / 1e9 for i, name in enumerate(_PHASES)},
-            detail=_invalid_detail(e.detail) if e.status == Status.INVALID else "",
+            detail=invalid_detail(e.detail) if e.status == Status.INVALID else "",
             bad_seg=e.bad_seg if e.status == Status.INVALID else 0,
         )
 

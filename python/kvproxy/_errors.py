@@ -12,6 +12,8 @@ import errno as _errno
 import os
 from typing import TYPE_CHECKING, Optional, Type
 
+from ._status import status_errno
+
 if TYPE_CHECKING:  # pragma: no cover
     from ._client import Completion
 
@@ -101,7 +103,7 @@ class TransferError(KvproxyError):
     """
 
     def __init__(self, completion: "Completion") -> None:
-        err = _STATUS_ERRNO.get(completion.status_name, _errno.EIO)
+        err = status_errno(completion.status_name)
         super().__init__(
             err,
             f"transfer {completion.user_id}",
@@ -109,19 +111,6 @@ class TransferError(KvproxyError):
         )
         self.completion = completion
         self.status_name = completion.status_name
-
-
-# Transfer status name -> the errno TransferError carries.
-_STATUS_ERRNO = {
-    "invalid": _errno.EINVAL,
-    "no-buffers": _errno.ENOBUFS,
-    "timeout": _errno.ETIMEDOUT,
-    "peer": _errno.EHOSTUNREACH,
-    "canceled": _errno.ECANCELED,
-    "remote": _errno.EREMOTEIO,
-    "shutdown": _errno.ESHUTDOWN,
-    "no-peer": _errno.ENOENT,
-}
 
 
 def error_for(

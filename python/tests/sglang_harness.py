@@ -119,6 +119,17 @@ class Coordinator:
         with self._lock:
             self._commands.setdefault("@" + rank, []).append(cmd)
 
+    def _send_locked(self, name: str, msg: Any) -> None:
+        """Send to a rank (self._lock held); a rank killed meanwhile is gone, not an error of the server."""
+        c = self.conns.get(name)
+        if c is None:
+            return
+        try:
+            c.send(msg)
+        except (OSError, EOFError):
+            self.conns.pop(name, None)
+            self.events.put({"ev": "gone", "rank": name})
+
     def _serve(self) -> None:
         idle_since: Dict[str, float] = {}
         while not self._stop:
@@ -160,7 +171,7 @@ class Coordinator:
                         self._commands[g] = []
                         for m in members:
                             own = self._commands.pop("@" + m, [])
-                            self.conns[m].send(("cmds", cmds + own))
+                            self._send_locked(m, ("cmds", cmds + own))
                         self._sync[g] = {}
                     if len(self._reduce[g]) == n and len(members) == n:
                         vecs = list(self._reduce[g].values())
@@ -168,7 +179,7 @@ class Coordinator:
                             self.events.put({"ev": "error", "rank": g, "error": f"all-reduce lengths differ: {vecs}"})
                         out = [min(col) for col in zip(*vecs)]
                         for m in members:
-                            self.conns[m].send(("reduced", out))
+                            self._send_locked(m, ("reduced", out))
                         self._reduce[g] = {}
 
     def _next_event(self, timeout: float) -> Optional[Dict[str, Any]]:

@@ -620,8 +620,10 @@ class ConfigStatsTest(unittest.TestCase):
                                            env={"KVPROXY_MAX_INFLIGHT": "4"})
         self.assertEqual((c.lease_s, c.max_inflight), (5.0, 4))
         self.assertEqual(c.socket_for(3, 0, 0, 1), "/run/kvp3.sock")
+        self.assertEqual((c.sq_entries, c.cq_entries), (0, 0))  # the daemon's own sizes
+        self.assertEqual(KvproxyVllmConfig.from_sources({"kvproxy_sq_entries": 2048}, env={}).sq_entries, 2048)
         for bad in ({"kvproxy_lease_s": 0}, {"kvproxy_max_inflight": "x"}, {"kvproxy_bootstrap_port": 70000},
-                    {"kvproxy_max_segments": 1.5}):
+                    {"kvproxy_max_segments": 1.5}, {"kvproxy_sq_entries": 1000}, {"kvproxy_cq_entries": -4}):
             with self.assertRaises(ValueError):
                 KvproxyVllmConfig.from_sources(bad, env={})
         with self.assertRaisesRegex(ValueError, "placeholders"):

@@ -44,7 +44,7 @@ static int
 stub_post(void *tctx, struct kvp_xfer *x)
 {
 	(void)tctx;
-	FUZZ_ASSERT(held == NULL, "a second transfer reached the transport");
+	REQUIRE(held == NULL, "a second transfer reached the transport");
 	x->ts[KVP_TS_ADMIT] = kvp_mono_ns();
 	held = x;
 	return 0;
@@ -54,7 +54,7 @@ static void
 stub_cancel(void *tctx, struct kvp_xfer *x, int status)
 {
 	(void)tctx;
-	FUZZ_ASSERT(x == held, "cancel of a transfer the transport does not hold");
+	REQUIRE(x == held, "cancel of a transfer the transport does not hold");
 	held = NULL;
 	kvp_worker_xfer_end(w, x, status);
 }
@@ -63,24 +63,17 @@ stub_cancel(void *tctx, struct kvp_xfer *x, int status)
 static void
 ensure_inflight(void)
 {
-	struct kvp_sqe_seg e[2];
-	struct kvp_sqe_xfer *h = (struct kvp_sqe_xfer *)&e[0];
-
 	if (held)
 		return;
-	memset(e, 0, sizeof(e));
-	h->op = KVP_OP_XFER;
-	h->nseg = 1;
-	h->user_id = next_uid++;
-	h->submit_ns = kvp_mono_ns();
-	h->timeout_ns = 3600ull * 1000000000;
-	e[1].op = KVP_OP_SEG;
-	e[1].src_key = cl.key;
-	e[1].len = SEG_LEN;
-	e[1].dst_key = 0x1234000000000001ull;
-	FUZZ_ASSERT(kvp_ring_enqueue_bulk(&cl.sq, e, 2) == 2, "client SQ full");
+	struct kvp_test_xfer x = { .user_id = next_uid++,
+				   .submit_ns = kvp_mono_ns(),
+				   .timeout_ns = 3600ull * 1000000000,
+				   .src_key = cl.key,
+				   .dst_key = 0x1234000000000001ull,
+				   .len = SEG_LEN };
+	REQUIRE(kvp_test_submit(&cl.conn.sq, &x) == 2, "client SQ full");
 	kvp_worker_poll_chans(w);
-	FUZZ_ASSERT(held != NULL, "the worker did not pick up the transfer");
+	REQUIRE(held != NULL, "the worker did not pick up the transfer");
 }
 
 /* Completions are the client's business; read them so the CQ never fills. */
@@ -89,7 +82,7 @@ drain_cq(void)
 {
 	struct kvp_cqe c[16];
 
-	while (kvp_ring_dequeue_burst(&cl.cq, c, 16) > 0)
+	while (kvp_ring_dequeue_burst(&cl.conn.cq, c, 16) > 0)
 		;
 }
 
@@ -102,7 +95,7 @@ LLVMFuzzerInitialize(int *argc, char ***argv)
 	(void)argv;
 	fuzz_config(&cfg);
 	/* Post keeps one transfer in flight, for status, transfers and cancel to see. */
-	stub_ops = fuzz_stub_ops;
+	stub_ops = kvp_test_stub_ops;
 	stub_ops.post = stub_post;
 	stub_ops.cancel = stub_cancel;
 	fuzz_node_init(&node, &cfg, &stub_ops);
@@ -110,7 +103,7 @@ LLVMFuzzerInitialize(int *argc, char ***argv)
 	w->peer_links[0] = 1;
 	fuzz_client_open(&node, &cl, 1 << 20);
 	reply = malloc(REPLY_MAX);
-	FUZZ_ASSERT(reply != NULL, "out of memory");
+	REQUIRE(reply != NULL, "out of memory");
 	ensure_inflight();
 	saved_cfg = node.cfg;
 	return 0;
@@ -120,17 +113,17 @@ LLVMFuzzerInitialize(int *argc, char ***argv)
 static void
 check_shape(json_t *r)
 {
-	FUZZ_ASSERT(json_is_object(r), "reply is not an object");
-	FUZZ_ASSERT(json_is_string(json_object_get(r, "jsonrpc")) &&
-			    strcmp(json_string_value(json_object_get(r, "jsonrpc")), "2.0") == 0,
-		    "reply without \"jsonrpc\":\"2.0\"");
+	REQUIRE(json_is_object(r), "reply is not an object");
+	REQUIRE(json_is_string(json_object_get(r, "jsonrpc")) &&
+			strcmp(json_string_value(json_object_get(r, "jsonrpc")), "2.0") == 0,
+		"reply without \"jsonrpc\":\"2.0\"");
 	json_t *res = json_object_get(r, "result"), *err = json_object_get(r, "error");
-	FUZZ_ASSERT((res != NULL) != (err != NULL), "reply needs exactly one of result/error");
+	REQUIRE((res != NULL) != (err != NULL), "reply needs exactly one of result/error");
 	if (err)
-		FUZZ_ASSERT(json_is_integer(json_object_get(err, "code")) &&
-				    json_is_string(json_object_get(err, "message")),
-			    "error without an integer code and a message");
-	FUZZ_ASSERT(json_object_get(r, "id") != NULL, "reply without an id");
+		REQUIRE(json_is_integer(json_object_get(err, "code")) &&
+				json_is_string(json_object_get(err, "message")),
+			"error without an integer code and a message");
+	REQUIRE(json_object_get(r, "id") != NULL, "reply without an id");
 }
 
 /* A valid request without an id: JSON-RPC forbids any reply to it. */
@@ -158,31 +151,31 @@ check_reply(json_t *q, const char *out, size_t rlen)
 	json_error_t jerr;
 	json_t *r = json_loadb(out, rlen, JSON_REJECT_DUPLICATES, &jerr);
 
-	FUZZ_ASSERT(r != NULL, "reply is not JSON (%s): %.*s", jerr.text, (int)rlen, out);
+	REQUIRE(r != NULL, "reply is not JSON (%s): %.*s", jerr.text, (int)rlen, out);
 	if (json_is_array(r)) {
 		/* A batch: one reply per request that is not a notification, none empty. */
 		size_t owed = 0, i;
 		json_t *e;
 
-		FUZZ_ASSERT(json_is_array(q) && json_array_size(q) > 0, "array reply to a non-batch");
+		REQUIRE(json_is_array(q) && json_array_size(q) > 0, "array reply to a non-batch");
 		json_array_foreach(q, i, e)
 			owed += !is_notification(e);
-		FUZZ_ASSERT(json_array_size(r) > 0 && json_array_size(r) <= owed,
-			    "batch of %zu requests (%zu owed a reply) got %zu replies",
-			    json_array_size(q), owed, json_array_size(r));
+		REQUIRE(json_array_size(r) > 0 && json_array_size(r) <= owed,
+			"batch of %zu requests (%zu owed a reply) got %zu replies",
+			json_array_size(q), owed, json_array_size(r));
 		json_array_foreach(r, i, e)
 			check_shape(e);
 		json_decref(r);
 		return;
 	}
 	check_shape(r);
-	FUZZ_ASSERT(!is_notification(q), "a notification got a reply");
+	REQUIRE(!is_notification(q), "a notification got a reply");
 	/* A well-formed id comes back as it was sent (unless the reply did not fit). */
 	json_t *qid = json_is_object(q) ? json_object_get(q, "id") : NULL;
 	json_t *err = json_object_get(r, "error");
 	bool too_large = err && json_integer_value(json_object_get(err, "code")) == -32603;
 	if (qid && valid_id(qid) && !too_large)
-		FUZZ_ASSERT(json_equal(qid, json_object_get(r, "id")), "reply id differs");
+		REQUIRE(json_equal(qid, json_object_get(r, "id")), "reply id differs");
 	json_decref(r);
 }
 
@@ -210,7 +203,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		struct kvp_config cfg_before = node.cfg;
 		size_t rlen = kvp_admin_handle(&node, p, len, reply, outlen);
 
-		FUZZ_ASSERT(rlen < outlen, "reply length %zu does not fit %zu", rlen, outlen);
+		REQUIRE(rlen < outlen, "reply length %zu does not fit %zu", rlen, outlen);
 		if (rlen)
 			check_reply(q, reply, rlen);
 		/* Nothing but a notification (or a batch of them) goes unanswered. */
@@ -225,14 +218,14 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 				json_array_foreach(q, i, e)
 					silent &= is_notification(e);
 			}
-			FUZZ_ASSERT(silent, "a request got no reply: %.*s", (int)(len < 200 ? len : 200),
-				    p);
+			REQUIRE(silent, "a request got no reply: %.*s",
+				(int)(len < 200 ? len : 200), p);
 		}
 		/* A request with an invalid id is not executed. */
 		if (json_is_object(q) && json_object_get(q, "id") && !valid_id(json_object_get(q, "id")))
-			FUZZ_ASSERT(node.draining == was_draining &&
-					    memcmp(&cfg_before, &node.cfg, sizeof(cfg_before)) == 0,
-				    "a request with an invalid id was executed");
+			REQUIRE(node.draining == was_draining &&
+					memcmp(&cfg_before, &node.cfg, sizeof(cfg_before)) == 0,
+				"a request with an invalid id was executed");
 		json_decref(q);
 		if (fuzz_verbose())
 			fprintf(stderr, "admin: %.*s -> %.*s\n", (int)(len < 100 ? len : 100), p,
@@ -250,7 +243,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			"{\"jsonrpc\":\"2.0\",\"id\":0,\"method\":\"undrain\"}";
 
 		kvp_admin_handle(&node, undrain, sizeof(undrain) - 1, reply, REPLY_MAX);
-		FUZZ_ASSERT(!node.draining, "undrain did not end the drain");
+		REQUIRE(!node.draining, "undrain did not end the drain");
 	}
 	node.cfg = saved_cfg;
 	rte_log_set_level_pattern("kvp.*", RTE_LOG_DEBUG);
@@ -258,8 +251,8 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	kvp_worker_poll_chans(w);
 	drain_cq();
 	fuzz_drain_outbox(&node, 0, NULL);
-	FUZZ_ASSERT(rte_mempool_avail_count(node.msg_pool) == pool0, "control messages leaked");
-	FUZZ_ASSERT(w->nxfers - w->nfree == (held ? 1u : 0u), "transfer slots leaked");
-	FUZZ_ASSERT(fuzz_lowest_fd() == fd0, "fd leaked");
+	REQUIRE(rte_mempool_avail_count(node.msg_pool) == pool0, "control messages leaked");
+	REQUIRE(w->nxfers - w->nfree == (held ? 1u : 0u), "transfer slots leaked");
+	REQUIRE(fuzz_lowest_fd() == fd0, "fd leaked");
 	return 0;
 }

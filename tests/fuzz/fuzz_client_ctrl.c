@@ -20,7 +20,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -41,7 +40,7 @@ LLVMFuzzerInitialize(int *argc, char ***argv)
 	(void)argv;
 	fuzz_config(&cfg);
 	cfg.max_clients = 2;
-	fuzz_node_init(&node, &cfg, &fuzz_stub_ops);
+	fuzz_node_init(&node, &cfg, &kvp_test_stub_ops);
 	w = &node.workers[0];
 	return 0;
 }
@@ -62,44 +61,25 @@ static size_t have;
 static void
 read_replies(int sock)
 {
-	union {
-		struct cmsghdr h;
-		char buf[CMSG_SPACE(sizeof(int) * 8)];
-	} u;
-
 	for (;;) {
-		struct iovec iov = { .iov_base = part + have, .iov_len = sizeof(part) - have };
-		struct msghdr msg = { .msg_iov = &iov,
-				      .msg_iovlen = 1,
-				      .msg_control = u.buf,
-				      .msg_controllen = sizeof(u.buf) };
-		ssize_t r = recvmsg(sock, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+		/* The daemon's fds (channel, doorbell, notify) are ours now: max 0 closes them. */
+		long r = kvp_test_recv_fds(sock, part + have, sizeof(part) - have, NULL, NULL, 0,
+					   MSG_DONTWAIT);
 
 		if (r <= 0) {
 			if (r == 0)
 				have = 0;
 			return;
 		}
-		/* The daemon's fds (channel, doorbell, notify) are ours now: close them. */
-		for (struct cmsghdr *cm = CMSG_FIRSTHDR(&msg); cm; cm = CMSG_NXTHDR(&msg, cm)) {
-			int k = (int)((cm->cmsg_len - CMSG_LEN(0)) / sizeof(int));
-
-			for (int i = 0; i < k; i++) {
-				int fd;
-
-				memcpy(&fd, CMSG_DATA(cm) + (size_t)i * sizeof(int), sizeof(int));
-				close(fd);
-			}
-		}
 		have += (size_t)r;
 		if (have == sizeof(part)) {
 			struct kvp_ctrl_rep rep;
 
 			memcpy(&rep, part, sizeof(rep));
-			FUZZ_ASSERT(rep.magic == KVP_CTRL_MAGIC, "reply without the magic");
-			FUZZ_ASSERT(memchr(rep.errmsg, '\0', sizeof(rep.errmsg)) != NULL,
-				    "reply reason not NUL-terminated");
-			FUZZ_ASSERT(rep.err <= 0, "positive errno %d in a reply", rep.err);
+			REQUIRE(rep.magic == KVP_CTRL_MAGIC, "reply without the magic");
+			REQUIRE(memchr(rep.errmsg, '\0', sizeof(rep.errmsg)) != NULL,
+				"reply reason not NUL-terminated");
+			REQUIRE(rep.err <= 0, "positive errno %d in a reply", rep.err);
 			if (fuzz_verbose())
 				fprintf(stderr, "client_ctrl: reply op %u err %d %.*s\n", rep.op,
 					rep.err, KVP_ERRMSG_MAX, rep.errmsg);
@@ -111,11 +91,9 @@ read_replies(int sock)
 static int
 mk_memfd(size_t len)
 {
-	int fd = memfd_create("fuzz-ctrl-region", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	int fd, rc = kvp_test_memfd("fuzz-ctrl-region", len, true, &fd, NULL);
 
-	FUZZ_ASSERT(fd >= 0 && ftruncate(fd, (off_t)len) == 0 &&
-			    fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK) == 0,
-		    "memfd");
+	REQUIRE(rc == 0, "memfd: %d", rc);
 	return fd;
 }
 
@@ -123,12 +101,6 @@ mk_memfd(size_t len)
 static void
 send_chunk(int sock, const uint8_t *b, size_t n, uint8_t flags)
 {
-	union {
-		struct cmsghdr h;
-		char buf[CMSG_SPACE(sizeof(int) * 4)];
-	} u;
-	struct iovec iov = { .iov_base = (void *)b, .iov_len = n };
-	struct msghdr msg = { .msg_iov = &iov, .msg_iovlen = 1 };
 	int fds[4], nfd = 0, p[2] = { -1, -1 };
 
 	if (flags & 1)
@@ -141,17 +113,7 @@ send_chunk(int sock, const uint8_t *b, size_t n, uint8_t flags)
 	}
 	if (flags & 8)
 		fds[nfd++] = mk_memfd(0); /* empty: any range is beyond its end */
-	if (nfd) {
-		memset(&u, 0, sizeof(u));
-		msg.msg_control = u.buf;
-		msg.msg_controllen = CMSG_SPACE(sizeof(int) * (size_t)nfd);
-		struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
-		cm->cmsg_level = SOL_SOCKET;
-		cm->cmsg_type = SCM_RIGHTS;
-		cm->cmsg_len = CMSG_LEN(sizeof(int) * (size_t)nfd);
-		memcpy(CMSG_DATA(cm), fds, sizeof(int) * (size_t)nfd);
-	}
-	if (sendmsg(sock, &msg, MSG_NOSIGNAL | MSG_DONTWAIT) < 0) {
+	if (kvp_test_send_fds(sock, b, n, fds, (unsigned)nfd, MSG_DONTWAIT) < 0) {
 		/* The daemon hung up on us: fine, the fds below are ours to close. */
 	}
 	for (int i = 0; i < nfd; i++)
@@ -170,7 +132,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	have = 0;
 	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", node.cfg.client_socket);
 	sock = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	FUZZ_ASSERT(sock >= 0 && connect(sock, (struct sockaddr *)&sa, sizeof(sa)) == 0, "connect");
+	REQUIRE(sock >= 0 && connect(sock, (struct sockaddr *)&sa, sizeof(sa)) == 0, "connect");
 	run_node(); /* accept */
 
 	for (int chunks = 0; chunks < 32 && fuzz_more(&in); chunks++) {
@@ -193,11 +155,11 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	if (fuzz_verbose())
 		fprintf(stderr, "client_ctrl: clients %u regions %u after the hang-up\n",
 			node.nclients, node.regions.used);
-	FUZZ_ASSERT(node.nclients == 0, "%u client slots still held", node.nclients);
-	FUZZ_ASSERT(node.regions.used == 0, "%u regions still mapped", node.regions.used);
-	FUZZ_ASSERT(w->nchans == 0, "the worker still polls %u channels", w->nchans);
+	REQUIRE(node.nclients == 0, "%u client slots still held", node.nclients);
+	REQUIRE(node.regions.used == 0, "%u regions still mapped", node.regions.used);
+	REQUIRE(w->nchans == 0, "the worker still polls %u channels", w->nchans);
 	fuzz_drain_outbox(&node, 0, NULL);
-	FUZZ_ASSERT(rte_mempool_avail_count(node.msg_pool) == pool0, "control messages leaked");
-	FUZZ_ASSERT(fuzz_lowest_fd() == fd0, "fd leaked (one the client passed, or a channel's)");
+	REQUIRE(rte_mempool_avail_count(node.msg_pool) == pool0, "control messages leaked");
+	REQUIRE(fuzz_lowest_fd() == fd0, "fd leaked (one the client passed, or a channel's)");
 	return 0;
 }

@@ -2,18 +2,11 @@
 /* Shared fuzz harness set-up: EAL, a real node, deterministic randomness. */
 #include <dirent.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/random.h>
-#include <sys/socket.h>
 #include <sys/types.h>
-#include <sys/un.h>
 #include <unistd.h>
 
-#include <rte_eal.h>
-#include <rte_errno.h>
-#include <rte_log.h>
 #include <rte_mempool.h>
 #include <rte_ring.h>
 
@@ -33,7 +26,6 @@ getrandom(void *buf, size_t len, unsigned int flags)
 }
 
 static char tmpdir[64];
-static bool eal_done;
 
 bool
 fuzz_verbose(void)
@@ -43,37 +35,6 @@ fuzz_verbose(void)
 	if (v < 0)
 		v = getenv("KVP_FUZZ_VERBOSE") != NULL;
 	return v;
-}
-
-void
-fuzz_eal_init(void)
-{
-	char *argv[] = {
-		"kvp-fuzz", "--no-huge",      "--no-shconf", "-m", "128",
-		"--no-pci", "--no-telemetry", "-l",          "0",  "--log-level=*:error",
-		NULL,
-	};
-	int argc = (int)(sizeof(argv) / sizeof(argv[0])) - 1;
-
-	if (eal_done)
-		return;
-	/* A config or the fuzzer itself must never block on a terminal. */
-	int null = open("/dev/null", O_RDWR | O_CLOEXEC);
-	if (null >= 0) {
-		dup2(null, 0);
-		close(null);
-	}
-	if (rte_eal_init(argc, argv) < 0) {
-		fprintf(stderr, "fuzz: rte_eal_init failed: %s\n", strerror(rte_errno));
-		abort();
-	}
-	kvp_log_init();
-	/* Format every log line (format bugs are bugs) but print none of them. */
-	FILE *devnull = fopen("/dev/null", "w");
-	if (devnull)
-		rte_openlog_stream(devnull);
-	rte_log_set_level_pattern("kvp.*", RTE_LOG_DEBUG);
-	eal_done = true;
 }
 
 void
@@ -124,8 +85,12 @@ void
 fuzz_node_init(struct kvp_node *n, struct kvp_config *cfg, const struct kvp_transport_ops *tops)
 {
 	char err[256];
+	int rc = kvp_test_eal_init();
 
-	fuzz_eal_init();
+	if (rc < 0) {
+		fprintf(stderr, "fuzz: rte_eal_init failed: %s\n", strerror(-rc));
+		abort();
+	}
 	snprintf(tmpdir, sizeof(tmpdir), "/tmp/kvp-fuzz.XXXXXX");
 	if (!mkdtemp(tmpdir)) {
 		perror("fuzz: mkdtemp");
@@ -145,93 +110,17 @@ fuzz_node_init(struct kvp_node *n, struct kvp_config *cfg, const struct kvp_tran
 	}
 }
 
-/* ---- the stub transport: tctx is the worker itself ---- */
-
-static int
-stub_create(struct kvp_worker *wk, unsigned idx, void **tctx)
-{
-	(void)idx;
-	*tctx = wk;
-	return 0;
-}
-
-static void
-stub_destroy(void *tctx)
-{
-	(void)tctx;
-}
-
-static int
-stub_attach(void *tctx, uint16_t peer, uint8_t link, int fd, bool outgoing, uint64_t epoch)
-{
-	(void)tctx;
-	(void)peer;
-	(void)link;
-	(void)fd;
-	(void)outgoing;
-	(void)epoch;
-	return -EINVAL;
-}
-
-static int
-stub_post(void *tctx, struct kvp_xfer *x)
-{
-	(void)tctx;
-	(void)x;
-	return -ENOTCONN;
-}
-
-static int
-stub_progress(void *tctx)
-{
-	(void)tctx;
-	return 0;
-}
-
-static void
-stub_cancel(void *tctx, struct kvp_xfer *x, int status)
-{
-	kvp_worker_xfer_end(tctx, x, status);
-}
-
-static int
-stub_sleep_fd(void *tctx)
-{
-	(void)tctx;
-	return -1;
-}
-
-static void
-stub_disconnect(void *tctx, uint16_t peer)
-{
-	(void)tctx;
-	(void)peer;
-}
-
-const struct kvp_transport_ops fuzz_stub_ops = {
-	.name = "tcp",
-	.caps = KVP_TCAP_HOST_MEM,
-	.create = stub_create,
-	.destroy = stub_destroy,
-	.attach = stub_attach,
-	.post = stub_post,
-	.progress = stub_progress,
-	.cancel = stub_cancel,
-	.sleep_fd = stub_sleep_fd,
-	.disconnect = stub_disconnect,
-};
-
 void
 fuzz_assert_reclaimed(const struct kvp_node *n, unsigned pool0)
 {
 	const struct kvp_worker *w = &n->workers[0];
 
-	FUZZ_ASSERT(w->nfree == w->nxfers, "%u transfer slots leaked", w->nxfers - w->nfree);
+	REQUIRE(w->nfree == w->nxfers, "%u transfer slots leaked", w->nxfers - w->nfree);
 	for (uint32_t i = 0; i < n->regions.size; i++)
-		FUZZ_ASSERT(atomic_load(&n->regions.slots[i].refs) == 0,
-			    "region slot %u keeps %u references", i,
-			    atomic_load(&n->regions.slots[i].refs));
-	FUZZ_ASSERT(rte_mempool_avail_count(n->msg_pool) == pool0, "control messages leaked");
+		REQUIRE(atomic_load(&n->regions.slots[i].refs) == 0,
+			"region slot %u keeps %u references", i,
+			atomic_load(&n->regions.slots[i].refs));
+	REQUIRE(rte_mempool_avail_count(n->msg_pool) == pool0, "control messages leaked");
 }
 
 void
@@ -261,9 +150,9 @@ fuzz_send_worker(struct kvp_node *n, int type, struct kvp_chan *ch)
 {
 	struct kvp_msg *m = ctrl_msg(n, type);
 
-	FUZZ_ASSERT(m != NULL, "control message pool empty (a message leaked)");
+	REQUIRE(m != NULL, "control message pool empty (a message leaked)");
 	m->chan = ch;
-	FUZZ_ASSERT(ctrl_send(n, 0, m) == 0, "worker inbox full");
+	REQUIRE(ctrl_send(n, 0, m) == 0, "worker inbox full");
 }
 
 int
@@ -276,103 +165,30 @@ fuzz_lowest_fd(void)
 	return fd;
 }
 
-/* One control request: send (with an fd), let the node answer, receive (with fds). */
-static int
-ctrl_call(struct kvp_node *n, int sock, struct kvp_ctrl_req *req, int send_fd,
-	  struct kvp_ctrl_rep *rep, int *fds, unsigned want_fds)
+/* The node answers while the client waits: one thread plays both. */
+static void
+pump_node(void *arg)
 {
-	union {
-		struct cmsghdr h;
-		char buf[CMSG_SPACE(sizeof(int) * 4)];
-	} u;
-	struct iovec iov = { .iov_base = req, .iov_len = sizeof(*req) };
-	struct msghdr msg = { .msg_iov = &iov, .msg_iovlen = 1 };
-	static uint64_t seq;
-
-	req->magic = KVP_CTRL_MAGIC;
-	req->abi_version = KVP_ABI_VERSION;
-	req->seq = ++seq;
-	if (send_fd >= 0) {
-		memset(&u, 0, sizeof(u));
-		msg.msg_control = u.buf;
-		msg.msg_controllen = CMSG_SPACE(sizeof(int));
-		struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
-		cm->cmsg_level = SOL_SOCKET;
-		cm->cmsg_type = SCM_RIGHTS;
-		cm->cmsg_len = CMSG_LEN(sizeof(int));
-		memcpy(CMSG_DATA(cm), &send_fd, sizeof(int));
-	}
-	if (sendmsg(sock, &msg, MSG_NOSIGNAL) != (ssize_t)sizeof(*req))
-		return -EIO;
-	for (int tries = 0; tries < 100; tries++) {
-		kvp_node_poll(n, 10);
-		iov = (struct iovec){ .iov_base = rep, .iov_len = sizeof(*rep) };
-		msg = (struct msghdr){ .msg_iov = &iov,
-				       .msg_iovlen = 1,
-				       .msg_control = u.buf,
-				       .msg_controllen = sizeof(u.buf) };
-		ssize_t r = recvmsg(sock, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
-		if (r < 0)
-			continue;
-		if (r != (ssize_t)sizeof(*rep))
-			return -EPROTO;
-		unsigned got = 0;
-		for (struct cmsghdr *cm = CMSG_FIRSTHDR(&msg); cm; cm = CMSG_NXTHDR(&msg, cm)) {
-			unsigned k = (unsigned)((cm->cmsg_len - CMSG_LEN(0)) / sizeof(int));
-
-			for (unsigned i = 0; i < k && got < want_fds; i++, got++)
-				memcpy(&fds[got], CMSG_DATA(cm) + i * sizeof(int), sizeof(int));
-		}
-		if (got != want_fds)
-			return -EPROTO;
-		return rep->err;
-	}
-	return -ETIMEDOUT;
+	kvp_node_poll(arg, 10);
 }
 
 void
 fuzz_client_open(struct kvp_node *n, struct fuzz_client *fc, size_t region_len)
 {
-	struct sockaddr_un sa = { .sun_family = AF_UNIX };
-	struct kvp_ctrl_req req;
 	struct kvp_ctrl_rep rep;
-	int fds[3], rc;
+	void *map;
+	int rc;
 
 	memset(fc, 0, sizeof(*fc));
-	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", n->cfg.client_socket);
-	fc->sock = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	FUZZ_ASSERT(fc->sock >= 0 && connect(fc->sock, (struct sockaddr *)&sa, sizeof(sa)) == 0,
-		    "connect %s", sa.sun_path);
-	kvp_node_poll(n, 10); /* accept */
-
-	memset(&req, 0, sizeof(req));
-	req.op = KVP_CTRL_HELLO;
-	req.u.hello.pid = (int32_t)getpid();
-	rc = ctrl_call(n, fc->sock, &req, -1, &rep, fds, 3);
-	FUZZ_ASSERT(rc == 0, "HELLO: %d %s", rc, rep.errmsg);
-	fc->id = rep.u.hello.client_id;
-	fc->sq_doorbell = fds[1];
-	fc->cq_notify = fds[2];
-	fc->chan_len = rep.u.hello.chan_size;
-	fc->chan = mmap(NULL, fc->chan_len, PROT_READ | PROT_WRITE, MAP_SHARED, fds[0], 0);
-	close(fds[0]);
-	FUZZ_ASSERT(fc->chan != MAP_FAILED, "mmap channel");
-	FUZZ_ASSERT(kvp_chan_attach(fc->chan, fc->chan_len, false, &fc->sq, &fc->cq) == 0,
-		    "attach channel");
+	rc = kvp_test_conn_open(&fc->conn, n->cfg.client_socket, pump_node, n, &rep);
+	REQUIRE(rc == 0, "HELLO: %d %s", rc, rep.errmsg);
 	kvp_worker_inbox(&n->workers[0]); /* CHAN_ADD */
 
 	fc->region_len = region_len;
-	fc->region_fd = memfd_create("fuzz-client-region", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-	FUZZ_ASSERT(fc->region_fd >= 0 && ftruncate(fc->region_fd, (off_t)region_len) == 0 &&
-			    fcntl(fc->region_fd, F_ADD_SEALS, F_SEAL_SHRINK) == 0,
-		    "memfd");
-	fc->region = mmap(NULL, region_len, PROT_READ | PROT_WRITE, MAP_SHARED, fc->region_fd, 0);
-	FUZZ_ASSERT(fc->region != MAP_FAILED, "mmap region");
-	memset(&req, 0, sizeof(req));
-	req.op = KVP_CTRL_REG;
-	req.u.reg.len = region_len;
-	req.u.reg.flags = KVP_REGION_HOST;
-	rc = ctrl_call(n, fc->sock, &req, fc->region_fd, &rep, NULL, 0);
-	FUZZ_ASSERT(rc == 0, "REG: %d %s", rc, rep.errmsg);
-	fc->key = rep.u.reg.key;
+	rc = kvp_test_memfd("fuzz-client-region", region_len, true, &fc->region_fd, &map);
+	REQUIRE(rc == 0, "memfd: %d", rc);
+	fc->region = map;
+	rc = kvp_test_region_register(&fc->conn, fc->region_fd, region_len, KVP_REGION_HOST,
+				      &fc->key, &rep);
+	REQUIRE(rc == 0, "REG: %d %s", rc, rep.errmsg);
 }

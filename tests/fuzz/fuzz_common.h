@@ -3,7 +3,9 @@
  * Shared set-up for the fuzz harnesses: DPDK EAL without hugepages, a real
  * kvp_node built by kvp_node_init() in a private temp dir, deterministic
  * "random" bytes (so region keys are reachable by the fuzzer), and helpers
- * to drain the control-plane message rings between inputs.
+ * to drain the control-plane message rings between inputs. What is not
+ * about the node (REQUIRE, the client protocol, the HELLO proof, the
+ * replay main) is the test-helper library's (tests/lib, kvp_test.h).
  *
  * Everything here runs on one thread (the fuzzer's), which plays both the
  * main lcore and the worker lcore.
@@ -18,6 +20,8 @@
 #include <stdlib.h>
 
 #include "ctrl_priv.h"
+#include "kvp_test.h"
+#include "kvp_test_core.h"
 
 /*
  * The byte that getrandom() returns in fuzz builds. Region keys become
@@ -27,27 +31,8 @@
 #define FUZZ_RANDOM_BYTE 0x5a
 #define FUZZ_KEY(slot)   ((0x5a5a5a5a5a5a5a5aull << 16) | (uint64_t)(slot))
 
-/* Invariant violated: print why and abort (libFuzzer reports it as a crash). */
-#define FUZZ_ASSERT(cond, ...)                                                               \
-	do {                                                                                 \
-		if (!(cond)) {                                                               \
-			fprintf(stderr, "%s:%d: invariant failed: %s: ", __FILE__, __LINE__, \
-				#cond);                                                      \
-			fprintf(stderr, __VA_ARGS__);                                        \
-			fputc('\n', stderr);                                                 \
-			abort();                                                             \
-		}                                                                            \
-	} while (0)
-
-/* The libFuzzer entry points each harness defines (replay_main.c calls them too). */
-int LLVMFuzzerInitialize(int *argc, char ***argv);
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-
 /** True when KVP_FUZZ_VERBOSE is set: harnesses print what each input did. */
 bool fuzz_verbose(void);
-
-/** Initialise the EAL once (no hugepages, no PCI, no telemetry, logs to /dev/null). */
-void fuzz_eal_init(void);
 
 /** Config defaults sized for a fuzzer: small pools, one peer "peer0" at 127.0.0.1:1. */
 void fuzz_config(struct kvp_config *cfg);
@@ -71,14 +56,6 @@ struct fuzz_outbox {
 void fuzz_drain_outbox(struct kvp_node *n, unsigned w, struct fuzz_outbox *ob);
 
 /**
- * A transport that moves nothing, named "tcp" as a real node reports:
- * attach refuses the connection, post answers -ENOTCONN, cancel ends the
- * transfer at once; the other ops do nothing. A harness that exercises an
- * op copies this table and replaces that op.
- */
-extern const struct kvp_transport_ops fuzz_stub_ops;
-
-/**
  * After an input: every transfer slot of worker 0 is free, no region keeps a
  * reference, and the message pool holds @p pool0 messages again.
  */
@@ -89,14 +66,7 @@ void fuzz_send_worker(struct kvp_node *n, int type, struct kvp_chan *ch);
 
 /** A client of the node, connected through the real client socket protocol. */
 struct fuzz_client {
-	int sock;
-	int sq_doorbell;
-	int cq_notify;
-	uint32_t id;
-	void *chan;
-	size_t chan_len;
-	struct kvp_ring sq; /* client view: producer */
-	struct kvp_ring cq; /* client view: consumer */
+	struct kvp_test_conn conn; /* HELLO'd, channel mapped (sq, cq: the client's views) */
 	int region_fd;
 	uint8_t *region; /* the client's own mapping of its region */
 	size_t region_len;

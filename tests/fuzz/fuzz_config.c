@@ -47,7 +47,7 @@ LLVMFuzzerInitialize(int *argc, char ***argv)
 	(void)argv;
 	/* Logging is not used by the loader; the EAL is not needed. */
 	cfd = memfd_create("fuzz-config", MFD_CLOEXEC);
-	FUZZ_ASSERT(cfd >= 0, "memfd_create");
+	REQUIRE(cfd >= 0, "memfd_create");
 	snprintf(path, sizeof(path), "/proc/self/fd/%d", cfd);
 	return 0;
 }
@@ -77,47 +77,46 @@ check_loaded(struct kvp_config *cfg)
 	struct kvp_config_info info;
 	char v[512], why[256];
 
-	FUZZ_ASSERT(valid_id(cfg->node_id, sizeof(cfg->node_id)), "node_id '%.32s'", cfg->node_id);
-	FUZZ_ASSERT(cfg->npeers <= KVP_PEERS_MAX, "npeers %u", cfg->npeers);
+	REQUIRE(valid_id(cfg->node_id, sizeof(cfg->node_id)), "node_id '%.32s'", cfg->node_id);
+	REQUIRE(cfg->npeers <= KVP_PEERS_MAX, "npeers %u", cfg->npeers);
 	for (uint32_t i = 0; i < cfg->npeers; i++) {
 		const struct kvp_peer_conf *p = &cfg->peers[i];
 
-		FUZZ_ASSERT(valid_id(p->node_id, sizeof(p->node_id)), "peer %u id", i);
-		FUZZ_ASSERT(strcmp(p->node_id, cfg->node_id) != 0, "peer %u is this node", i);
-		FUZZ_ASSERT(p->port != 0 && strnlen(p->host, sizeof(p->host)) < sizeof(p->host) &&
-				    p->host[0] != '\0',
-			    "peer %u address", i);
+		REQUIRE(valid_id(p->node_id, sizeof(p->node_id)), "peer %u id", i);
+		REQUIRE(strcmp(p->node_id, cfg->node_id) != 0, "peer %u is this node", i);
+		REQUIRE(p->port != 0 && strnlen(p->host, sizeof(p->host)) < sizeof(p->host) &&
+				p->host[0] != '\0',
+			"peer %u address", i);
 		for (uint32_t j = 0; j < i; j++)
-			FUZZ_ASSERT(strcmp(cfg->peers[j].node_id, p->node_id) != 0,
-				    "duplicate peer %s", p->node_id);
+			REQUIRE(strcmp(cfg->peers[j].node_id, p->node_id) != 0, "duplicate peer %s",
+				p->node_id);
 	}
-	FUZZ_ASSERT(cfg->listen_port != 0 && cfg->listen_host[0] != '\0', "listen address");
-	FUZZ_ASSERT(strnlen(cfg->listen_host, sizeof(cfg->listen_host)) < sizeof(cfg->listen_host),
-		    "listen host unterminated");
-	FUZZ_ASSERT(strnlen(cfg->client_socket, sizeof(cfg->client_socket)) <
-				    sizeof(cfg->client_socket) &&
-			    strnlen(cfg->admin_socket, sizeof(cfg->admin_socket)) <
-				    sizeof(cfg->admin_socket) &&
-			    cfg->client_socket[0] && cfg->admin_socket[0],
-		    "socket paths");
-	FUZZ_ASSERT(strnlen(cfg->auth_secret, sizeof(cfg->auth_secret)) < sizeof(cfg->auth_secret),
-		    "secret unterminated");
-	FUZZ_ASSERT(pow2(cfg->sq_entries) && pow2(cfg->cq_entries), "ring sizes");
-	FUZZ_ASSERT(cfg->sq_entries > cfg->max_segments, "sq_entries <= max_segments");
-	FUZZ_ASSERT(cfg->stage_buf && cfg->stage_pool / cfg->stage_buf >= 4, "staging pool");
-	FUZZ_ASSERT(cfg->transport >= KVP_TRANSPORT_TCP && cfg->transport <= KVP_TRANSPORT_AUTO,
-		    "transport %d", cfg->transport);
+	REQUIRE(cfg->listen_port != 0 && cfg->listen_host[0] != '\0', "listen address");
+	REQUIRE(strnlen(cfg->listen_host, sizeof(cfg->listen_host)) < sizeof(cfg->listen_host),
+		"listen host unterminated");
+	REQUIRE(strnlen(cfg->client_socket, sizeof(cfg->client_socket)) <
+				sizeof(cfg->client_socket) &&
+			strnlen(cfg->admin_socket, sizeof(cfg->admin_socket)) <
+				sizeof(cfg->admin_socket) &&
+			cfg->client_socket[0] && cfg->admin_socket[0],
+		"socket paths");
+	REQUIRE(strnlen(cfg->auth_secret, sizeof(cfg->auth_secret)) < sizeof(cfg->auth_secret),
+		"secret unterminated");
+	REQUIRE(pow2(cfg->sq_entries) && pow2(cfg->cq_entries), "ring sizes");
+	REQUIRE(cfg->sq_entries > cfg->max_segments, "sq_entries <= max_segments");
+	REQUIRE(cfg->stage_buf && cfg->stage_pool / cfg->stage_buf >= 4, "staging pool");
+	REQUIRE(cfg->transport >= KVP_TRANSPORT_TCP && cfg->transport <= KVP_TRANSPORT_AUTO,
+		"transport %d", cfg->transport);
 
 	/* Every key through the table: integers within their bounds, values printable. */
 	for (unsigned i = 0; kvp_config_describe(i, &info) == 0; i++) {
-		FUZZ_ASSERT(kvp_config_get(cfg, info.key, v, sizeof(v), NULL) == 0, "get %s",
-			    info.key);
+		REQUIRE(kvp_config_get(cfg, info.key, v, sizeof(v), NULL) == 0, "get %s", info.key);
 		if (info.kind == KVP_CONF_INT) {
 			char *end;
 			unsigned long long x = strtoull(v, &end, 10);
 
-			FUZZ_ASSERT(*end == '\0' && x >= info.min && x <= info.max,
-				    "%s = %s outside [%u, %u]", info.key, v, info.min, info.max);
+			REQUIRE(*end == '\0' && x >= info.min && x <= info.max,
+				"%s = %s outside [%u, %u]", info.key, v, info.min, info.max);
 		}
 	}
 	/* Out-of-bounds runtime values are refused and change nothing. */
@@ -128,10 +127,10 @@ check_loaded(struct kvp_config *cfg)
 
 		kvp_config_get(cfg, info.key, before, sizeof(before), NULL);
 		snprintf(big, sizeof(big), "%llu", (unsigned long long)info.max + 1);
-		FUZZ_ASSERT(kvp_config_set(cfg, info.key, big, why, sizeof(why)) == -EINVAL,
-			    "%s accepted %s", info.key, big);
+		REQUIRE(kvp_config_set(cfg, info.key, big, why, sizeof(why)) == -EINVAL,
+			"%s accepted %s", info.key, big);
 		kvp_config_get(cfg, info.key, after, sizeof(after), NULL);
-		FUZZ_ASSERT(strcmp(before, after) == 0, "refused set of %s changed it", info.key);
+		REQUIRE(strcmp(before, after) == 0, "refused set of %s changed it", info.key);
 	}
 }
 
@@ -140,17 +139,16 @@ check_error(const char *err, size_t errlen)
 {
 	size_t plen = strlen(path);
 
-	FUZZ_ASSERT(memchr(err, '\0', errlen) != NULL, "error message unterminated");
+	REQUIRE(memchr(err, '\0', errlen) != NULL, "error message unterminated");
 	if (errlen < plen + 32)
 		return;
-	FUZZ_ASSERT(strncmp(err, path, plen) == 0 && err[plen] == ':',
-		    "error does not start with the path: '%s'", err);
+	REQUIRE(strncmp(err, path, plen) == 0 && err[plen] == ':',
+		"error does not start with the path: '%s'", err);
 	const char *p = err + plen + 1;
-	FUZZ_ASSERT(isdigit((unsigned char)*p), "error without a line number: '%s'", err);
+	REQUIRE(isdigit((unsigned char)*p), "error without a line number: '%s'", err);
 	while (isdigit((unsigned char)*p))
 		p++;
-	FUZZ_ASSERT(p[0] == ':' && p[1] == ' ' && p[2] != '\0', "error without a message: '%s'",
-		    err);
+	REQUIRE(p[0] == ':' && p[1] == ' ' && p[2] != '\0', "error without a message: '%s'", err);
 }
 
 int
@@ -169,13 +167,13 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	size--;
 	if (memmem(data, size, "/dev/", 5) || memmem(data, size, "/proc/", 6))
 		return 0;
-	FUZZ_ASSERT(ftruncate(cfd, 0) == 0 && pwrite(cfd, data, size, 0) == (ssize_t)size,
-		    "writing the config");
+	REQUIRE(ftruncate(cfd, 0) == 0 && pwrite(cfd, data, size, 0) == (ssize_t)size,
+		"writing the config");
 	err = malloc(errlen); /* exact size: ASan sees any overrun */
-	FUZZ_ASSERT(err != NULL, "out of memory");
+	REQUIRE(err != NULL, "out of memory");
 	memset(err, 0x7f, errlen);
 	rc = kvp_config_load(path, &cfg, err, errlen);
-	FUZZ_ASSERT(rc == 0 || rc == -EINVAL, "kvp_config_load returned %d", rc);
+	REQUIRE(rc == 0 || rc == -EINVAL, "kvp_config_load returned %d", rc);
 	if (rc == 0)
 		check_loaded(&cfg);
 	else

@@ -85,44 +85,44 @@ check_posted(const struct kvp_xfer *x)
 {
 	uint64_t bytes = 0;
 
-	FUZZ_ASSERT(x->chan == cur_chan, "transfer of an unknown channel");
-	FUZZ_ASSERT(x->nseg >= 1 && x->nseg <= node.cfg.max_segments, "nseg %u", x->nseg);
-	FUZZ_ASSERT(x->peer < node.cfg.npeers, "peer %u not configured", x->peer);
-	FUZZ_ASSERT(w->peer_links[x->peer], "posted to a peer that is down");
+	REQUIRE(x->chan == cur_chan, "transfer of an unknown channel");
+	REQUIRE(x->nseg >= 1 && x->nseg <= node.cfg.max_segments, "nseg %u", x->nseg);
+	REQUIRE(x->peer < node.cfg.npeers, "peer %u not configured", x->peer);
+	REQUIRE(w->peer_links[x->peer], "posted to a peer that is down");
 	for (uint32_t i = 0; i < x->nseg; i++) {
 		const struct kvp_seg *s = &x->segs[i];
 
-		FUZZ_ASSERT(s->src != NULL, "segment %u without a source region", i);
-		FUZZ_ASSERT(s->src->owner == x->chan->id,
-			    "segment %u reads region of client %#x for client %#x", i,
-			    s->src->owner, x->chan->id);
-		FUZZ_ASSERT(s->src == reg_own, "segment %u: not the client's region", i);
-		FUZZ_ASSERT(s->count >= 1 && s->count <= node.cfg.max_blocks, "segment %u: %" PRIu64
-			    " blocks", i, s->count);
-		FUZZ_ASSERT(s->count == 1 || (s->src_stride >= s->len && s->dst_stride >= s->len),
-			    "segment %u: overlapping blocks", i);
+		REQUIRE(s->src != NULL, "segment %u without a source region", i);
+		REQUIRE(s->src->owner == x->chan->id,
+			"segment %u reads region of client %#x for client %#x", i, s->src->owner,
+			x->chan->id);
+		REQUIRE(s->src == reg_own, "segment %u: not the client's region", i);
+		REQUIRE(s->count >= 1 && s->count <= node.cfg.max_blocks,
+			"segment %u: %" PRIu64 " blocks", i, s->count);
+		REQUIRE(s->count == 1 || (s->src_stride >= s->len && s->dst_stride >= s->len),
+			"segment %u: overlapping blocks", i);
 		/* Small values by construction of the checks: no overflow here. */
 		uint64_t last = (s->count - 1) * s->src_stride;
-		FUZZ_ASSERT(kvp_region_contains(s->src, s->src_off + last, s->len) &&
-				    s->src_off + last >= s->src_off,
-			    "segment %u [%" PRIu64 ", +%" PRIu64 " x %" PRIu64 ") outside the region",
-			    i, s->src_off, s->len, s->count);
-		FUZZ_ASSERT(s->dst_key != 0 &&
-				    s->dst_off + (s->count - 1) * s->dst_stride + s->len >= s->dst_off,
-			    "segment %u: bad destination", i);
+		REQUIRE(kvp_region_contains(s->src, s->src_off + last, s->len) &&
+				s->src_off + last >= s->src_off,
+			"segment %u [%" PRIu64 ", +%" PRIu64 " x %" PRIu64 ") outside the region",
+			i, s->src_off, s->len, s->count);
+		REQUIRE(s->dst_key != 0 &&
+				s->dst_off + (s->count - 1) * s->dst_stride + s->len >= s->dst_off,
+			"segment %u: bad destination", i);
 		/* Touch both ends of the first and the last block: outside the mapping this faults. */
 		volatile const uint8_t *b = s->src->base;
 		(void)b[s->src_off];
 		(void)b[s->src_off + last + s->len - 1];
 		bytes += s->len * s->count;
 	}
-	FUZZ_ASSERT(bytes == x->bytes, "bytes %" PRIu64 " vs segments %" PRIu64, x->bytes, bytes);
+	REQUIRE(bytes == x->bytes, "bytes %" PRIu64 " vs segments %" PRIu64, x->bytes, bytes);
 }
 
 static void
 owe(const struct kvp_xfer *x)
 {
-	FUZZ_ASSERT(nowed < NOWED, "owed list overflow");
+	REQUIRE(nowed < NOWED, "owed list overflow");
 	owed[nowed++] = (struct owed){ x->user_id, x->bytes, x->nseg };
 }
 
@@ -153,7 +153,7 @@ stub_post(void *tctx, struct kvp_xfer *x)
 {
 	(void)tctx;
 	check_posted(x);
-	FUZZ_ASSERT(npend < NPEND, "stub pending list overflow");
+	REQUIRE(npend < NPEND, "stub pending list overflow");
 	pend[npend++] = x;
 	switch (fuzz_u8(cur_in) % 4) {
 	case 0:
@@ -181,8 +181,8 @@ static uint32_t
 stub_fence(void *tctx, const struct kvp_fence *f, bool force)
 {
 	(void)tctx;
-	FUZZ_ASSERT(f->mask != 0 && (f->value & ~f->mask) == 0 && f->owner == CLIENT_ID,
-		    "fence %#" PRIx64 "/%#" PRIx64 " of client %#x", f->value, f->mask, f->owner);
+	REQUIRE(f->mask != 0 && (f->value & ~f->mask) == 0 && f->owner == CLIENT_ID,
+		"fence %#" PRIx64 "/%#" PRIx64 " of client %#x", f->value, f->mask, f->owner);
 	if (force || winding || fence_busy_calls == 0)
 		return 0;
 	fence_busy_calls--;
@@ -195,7 +195,7 @@ add_region(int fd, uint32_t owner, uint32_t flags)
 	uint64_t key = 0;
 	int rc = kvp_region_add(&node.regions, owner, fd, REG_OFF, REG_LEN, flags, &key);
 
-	FUZZ_ASSERT(rc == 0, "kvp_region_add: %d", rc);
+	REQUIRE(rc == 0, "kvp_region_add: %d", rc);
 	return key;
 }
 
@@ -210,7 +210,7 @@ LLVMFuzzerInitialize(int *argc, char ***argv)
 	fuzz_config(&cfg);
 	cfg.max_inflight = MAX_INFLIGHT;
 	cfg.admission_timeout_ms = 1000;
-	stub_ops = fuzz_stub_ops;
+	stub_ops = kvp_test_stub_ops;
 	stub_ops.name = "stub";
 	stub_ops.post = stub_post;
 	stub_ops.cancel = stub_cancel;
@@ -218,19 +218,16 @@ LLVMFuzzerInitialize(int *argc, char ***argv)
 	fuzz_node_init(&node, &cfg, &stub_ops);
 	w = &node.workers[0];
 
-	fd = memfd_create("fuzz-region", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-	FUZZ_ASSERT(fd >= 0 && ftruncate(fd, MEMFD_LEN) == 0 &&
-			    fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK) == 0,
-		    "memfd");
+	REQUIRE(kvp_test_memfd("fuzz-region", MEMFD_LEN, true, &fd, NULL) == 0, "memfd");
 	key_own = add_region(fd, CLIENT_ID, KVP_REGION_HOST);
 	key_other = add_region(fd, OTHER_ID, KVP_REGION_HOST);
 	key_oldgen = add_region(fd, OLDGEN_ID, KVP_REGION_HOST);
 	/* A client that has gone away: its region is dead and reaped, its key stale. */
 	key_gone = add_region(fd, (2u << 16) | 3u, KVP_REGION_HOST);
 	kvp_region_remove_owner(&node.regions, (2u << 16) | 3u);
-	FUZZ_ASSERT(kvp_region_get(&node.regions, key_gone) == NULL, "gone region still found");
+	REQUIRE(kvp_region_get(&node.regions, key_gone) == NULL, "gone region still found");
 	reg_own = kvp_region_get(&node.regions, key_own);
-	FUZZ_ASSERT(reg_own != NULL, "own region");
+	REQUIRE(reg_own != NULL, "own region");
 	kvp_region_put(reg_own);
 	close(fd);
 	notify_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -435,15 +432,14 @@ check_cqe(struct client *c, const struct kvp_cqe *e)
 		return;
 	}
 	if (e->kind == KVP_CQE_FENCE) {
-		FUZZ_ASSERT(e->status == KVP_OK || e->status == KVP_EINVAL ||
-				    e->status == KVP_ENOBUFS,
-			    "fence %#" PRIx64 " ended %s", e->user_id, kvp_status_str(e->status));
+		REQUIRE(e->status == KVP_OK || e->status == KVP_EINVAL || e->status == KVP_ENOBUFS,
+			"fence %#" PRIx64 " ended %s", e->user_id, kvp_status_str(e->status));
 		fences_done++;
 		return;
 	}
 	c->cqes++;
-	FUZZ_ASSERT(e->kind == KVP_CQE_DONE, "unexpected CQE kind %u", e->kind);
-	FUZZ_ASSERT(e->status >= 0 && e->status < KVP_STATUS_MAX, "status %d", e->status);
+	REQUIRE(e->kind == KVP_CQE_DONE, "unexpected CQE kind %u", e->kind);
+	REQUIRE(e->status >= 0 && e->status < KVP_STATUS_MAX, "status %d", e->status);
 	if (e->status == KVP_OK) {
 		unsigned i;
 
@@ -451,10 +447,10 @@ check_cqe(struct client *c, const struct kvp_cqe *e)
 			if (owed[i].user_id == e->user_id && owed[i].bytes == e->bytes &&
 			    owed[i].nseg == e->nseg)
 				break;
-		FUZZ_ASSERT(i < nowed,
-			    "success completion (user_id %#" PRIx64 ", %" PRIu64
-			    " bytes) for a transfer the transport never completed",
-			    e->user_id, e->bytes);
+		REQUIRE(i < nowed,
+			"success completion (user_id %#" PRIx64 ", %" PRIu64
+			" bytes) for a transfer the transport never completed",
+			e->user_id, e->bytes);
 		owed[i] = owed[--nowed];
 	}
 	if (c->sq_clean && e->user_id >= UID_TAG && e->user_id < UID_TAG + nbuilt) {
@@ -462,19 +458,19 @@ check_cqe(struct client *c, const struct kvp_cqe *e)
 
 		switch (expect_of[e->user_id - UID_TAG]) {
 		case EXP_INVALID:
-			FUZZ_ASSERT(s == KVP_EINVAL || s == KVP_ENOBUFS,
-				    "malformed transfer %#" PRIx64 " ended %s", e->user_id,
-				    kvp_status_str(s));
+			REQUIRE(s == KVP_EINVAL || s == KVP_ENOBUFS,
+				"malformed transfer %#" PRIx64 " ended %s", e->user_id,
+				kvp_status_str(s));
 			break;
 		case EXP_NOPEER:
-			FUZZ_ASSERT(s == KVP_ENOPEER || s == KVP_ENOBUFS || s == KVP_ETIMEDOUT,
-				    "transfer %#" PRIx64 " to an unknown peer ended %s", e->user_id,
-				    kvp_status_str(s));
+			REQUIRE(s == KVP_ENOPEER || s == KVP_ENOBUFS || s == KVP_ETIMEDOUT,
+				"transfer %#" PRIx64 " to an unknown peer ended %s", e->user_id,
+				kvp_status_str(s));
 			break;
 		default:
-			FUZZ_ASSERT(s != KVP_EINVAL && s != KVP_ENOPEER,
-				    "well-formed transfer %#" PRIx64 " ended %s", e->user_id,
-				    kvp_status_str(s));
+			REQUIRE(s != KVP_EINVAL && s != KVP_ENOPEER,
+				"well-formed transfer %#" PRIx64 " ended %s", e->user_id,
+				kvp_status_str(s));
 			break;
 		}
 	}
@@ -490,7 +486,7 @@ op_cq_read(struct client *c, uint32_t max)
 		max = 16;
 	n = kvp_ring_dequeue_burst(&c->cq, e, max);
 	if (n < 0) {
-		FUZZ_ASSERT(!c->cq_clean, "daemon published an impossible CQ index");
+		REQUIRE(!c->cq_clean, "daemon published an impossible CQ index");
 		return;
 	}
 	for (int i = 0; i < n; i++)
@@ -576,14 +572,13 @@ op_poll(struct client *c)
 
 	kvp_worker_poll_chans(w);
 	if (was_broken) {
-		FUZZ_ASSERT(atomic_load(&c->hdr->sq.cons) == cons,
-			    "a broken channel was read again");
+		REQUIRE(atomic_load(&c->hdr->sq.cons) == cons, "a broken channel was read again");
 	} else if (prod - cons > c->sq.size) {
-		FUZZ_ASSERT(ch->broken, "SQ prod %u with cons %u (size %u) not flagged", prod, cons,
-			    c->sq.size);
+		REQUIRE(ch->broken, "SQ prod %u with cons %u (size %u) not flagged", prod, cons,
+			c->sq.size);
 	}
-	FUZZ_ASSERT(atomic_load(&c->hdr->sq.cons) - cons <= c->sq.size,
-		    "daemon consumed more than the ring holds");
+	REQUIRE(atomic_load(&c->hdr->sq.cons) - cons <= c->sq.size,
+		"daemon consumed more than the ring holds");
 }
 
 int
@@ -614,17 +609,17 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
 	c.ch = calloc(1, sizeof(*c.ch));
 	void *mem = aligned_alloc(4096, len);
-	FUZZ_ASSERT(c.ch && mem, "out of memory");
+	REQUIRE(c.ch && mem, "out of memory");
 	memset(mem, 0, len);
-	FUZZ_ASSERT(kvp_chan_init(mem, len, sqn, cqn, CLIENT_ID) == 0, "chan_init");
+	REQUIRE(kvp_chan_init(mem, len, sqn, cqn, CLIENT_ID) == 0, "chan_init");
 	c.hdr = mem;
 	c.ch->id = CLIENT_ID;
 	c.ch->pid = 1;
 	c.ch->mem = mem;
 	c.ch->len = len;
 	c.ch->notify_fd = notify_fd;
-	FUZZ_ASSERT(kvp_chan_attach(mem, len, true, &c.ch->sq, &c.ch->cq) == 0, "attach daemon");
-	FUZZ_ASSERT(kvp_chan_attach(mem, len, false, &c.sq, &c.cq) == 0, "attach client");
+	REQUIRE(kvp_chan_attach(mem, len, true, &c.ch->sq, &c.ch->cq) == 0, "attach daemon");
+	REQUIRE(kvp_chan_attach(mem, len, false, &c.sq, &c.cq) == 0, "attach client");
 	cur_chan = c.ch;
 	fuzz_send_worker(&node, KVP_MSG_CHAN_ADD, c.ch);
 	kvp_worker_inbox(w);
@@ -713,17 +708,16 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			sqn, cqn, picked, refused, c.cqes, nbuilt, c.ch->broken,
 			c.ch->backlog_head != NULL);
 	if (!c.ch->broken && c.cq_clean) {
-		FUZZ_ASSERT(c.ch->backlog_head == NULL, "completions stuck in the backlog");
-		FUZZ_ASSERT(c.cqes == picked + refused,
-			    "%" PRIu64 " completions for %" PRIu64 " transfers + %" PRIu64
-			    " refusals",
-			    c.cqes, picked, refused);
-		FUZZ_ASSERT(nowed == 0, "%u successful transfers never completed", nowed);
+		REQUIRE(c.ch->backlog_head == NULL, "completions stuck in the backlog");
+		REQUIRE(c.cqes == picked + refused,
+			"%" PRIu64 " completions for %" PRIu64 " transfers + %" PRIu64 " refusals",
+			c.cqes, picked, refused);
+		REQUIRE(nowed == 0, "%u successful transfers never completed", nowed);
 		if (c.sq_clean)
-			FUZZ_ASSERT(fences_done == fences_sent, "%u fences, %u fence completions",
-				    fences_sent, fences_done);
+			REQUIRE(fences_done == fences_sent, "%u fences, %u fence completions",
+				fences_sent, fences_done);
 	}
-	FUZZ_ASSERT(c.ch->inflight == 0, "channel still counts %u in flight", c.ch->inflight);
+	REQUIRE(c.ch->inflight == 0, "channel still counts %u in flight", c.ch->inflight);
 	/* A channel that broke outside a poll (CQ tampering seen by a timer) is reported at the next one. */
 	if (c.ch->broken)
 		kvp_worker_poll_chans(w);
@@ -731,10 +725,10 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	fuzz_send_worker(&node, KVP_MSG_CHAN_DEL, c.ch);
 	kvp_worker_inbox(w);
 	fuzz_drain_outbox(&node, 0, &ob);
-	FUZZ_ASSERT(ob.chan_gone == 1, "no CHAN_GONE after CHAN_DEL");
-	FUZZ_ASSERT(ob.chan_broken == (c.ch->broken ? 1u : 0u), "CHAN_BROKEN sent %u times",
-		    ob.chan_broken);
-	FUZZ_ASSERT(w->nchans == 0, "worker still holds %u channels", w->nchans);
+	REQUIRE(ob.chan_gone == 1, "no CHAN_GONE after CHAN_DEL");
+	REQUIRE(ob.chan_broken == (c.ch->broken ? 1u : 0u), "CHAN_BROKEN sent %u times",
+		ob.chan_broken);
+	REQUIRE(w->nchans == 0, "worker still holds %u channels", w->nchans);
 	fuzz_assert_reclaimed(&node, pool0);
 	if (read(notify_fd, &v, sizeof(v)) < 0) {
 		/* EAGAIN: nobody was woken. */
@@ -742,6 +736,6 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	free(mem);
 	free(c.ch);
 	cur_chan = NULL;
-	FUZZ_ASSERT(fuzz_lowest_fd() == fd0, "fd leaked");
+	REQUIRE(fuzz_lowest_fd() == fd0, "fd leaked");
 	return 0;
 }

@@ -18,7 +18,7 @@
  *
  * Invariants: a connection is handed to the transport only after a HELLO
  * that passes every check (configured peer, right target, limits, auth flag,
- * HMAC proof recomputed here); otherwise it is closed; the handler never
+ * HMAC proof recomputed by kvp_test_hello_mac()); otherwise it is closed; the handler never
  * reads outside its buffer (ASan); no fd or control message leaks.
  * getrandom() is deterministic in fuzz builds, so nonces are 0x5a bytes and
  * seeds can carry valid proofs.
@@ -29,8 +29,6 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <openssl/evp.h>
-#include <openssl/hmac.h>
 #include <rte_mempool.h>
 
 #include "fuzz_common.h"
@@ -50,7 +48,7 @@ stub_attach(void *tctx, uint16_t peer, uint8_t link, int fd, bool outgoing, uint
 	(void)tctx;
 	(void)link;
 	(void)epoch;
-	FUZZ_ASSERT(attached_peer < 0, "two connections handed over for one handshake");
+	REQUIRE(attached_peer < 0, "two connections handed over for one handshake");
 	attached_peer = peer;
 	attached_out = outgoing;
 	close(fd);
@@ -69,7 +67,7 @@ LLVMFuzzerInitialize(int *argc, char ***argv)
 	snprintf(cfg.peers[1].node_id, sizeof(cfg.peers[1].node_id), "peer1");
 	snprintf(cfg.peers[1].host, sizeof(cfg.peers[1].host), "127.0.0.1");
 	cfg.peers[1].port = 2;
-	stub_ops = fuzz_stub_ops;
+	stub_ops = kvp_test_stub_ops;
 	stub_ops.attach = stub_attach; /* records what the handshake handed over */
 	fuzz_node_init(&node, &cfg, &stub_ops);
 	w = &node.workers[0];
@@ -78,6 +76,18 @@ LLVMFuzzerInitialize(int *argc, char ***argv)
 }
 
 /* ---- mode 0: the header rules, restated ---- */
+
+/* DATA2D: whole blocks of aux2 bytes, rsvd apart (never overlapping), not wrapping. */
+static bool
+data2d_ok(const struct kvp_wire_hdr *h, uint32_t frame_max)
+{
+	if (h->len == 0 || h->len > frame_max || h->aux2 == 0 || h->len % h->aux2 != 0 ||
+	    h->rsvd < h->aux2)
+		return false;
+	unsigned __int128 span = (unsigned __int128)(h->len / h->aux2 - 1) * h->rsvd + h->aux2;
+
+	return (unsigned __int128)h->off + span <= UINT64_MAX;
+}
 
 static void
 fuzz_check(struct fuzz_in *in)
@@ -92,45 +102,31 @@ fuzz_check(struct fuzz_in *in)
 	bool magic = h.magic == KVP_WIRE_MAGIC, ver = h.version == KVP_WIRE_VERSION;
 	bool type = h.type >= KVP_W_HELLO && h.type < KVP_W_TYPE_MAX;
 	if (rc == 0) {
-		FUZZ_ASSERT(magic && ver && type, "accepted a bad magic/version/type");
+		REQUIRE(magic && ver && type, "accepted a bad magic/version/type");
 		if (h.type == KVP_W_HELLO)
-			FUZZ_ASSERT(h.len == sizeof(struct kvp_wire_hello), "HELLO len %u", h.len);
+			REQUIRE(h.len == sizeof(struct kvp_wire_hello), "HELLO len %u", h.len);
 		else if (h.type == KVP_W_DATA)
-			FUZZ_ASSERT(h.len > 0 && h.len <= frame_max && h.off + h.len >= h.off,
-				    "DATA len %u off %" PRIu64 " frame_max %u", h.len, h.off,
-				    frame_max);
+			REQUIRE(h.len > 0 && h.len <= frame_max && h.off + h.len >= h.off,
+				"DATA len %u off %" PRIu64 " frame_max %u", h.len, h.off,
+				frame_max);
+		else if (h.type == KVP_W_DATA2D)
+			REQUIRE(data2d_ok(&h, frame_max),
+				"DATA2D len %u block %u stride %u off %" PRIu64 " frame_max %u",
+				h.len, h.aux2, h.rsvd, h.off, frame_max);
 		else if (h.type == KVP_W_RDMA_QP || h.type == KVP_W_RDMA_QP_OK)
-			FUZZ_ASSERT(h.len == sizeof(struct kvp_wire_qp), "QP len %u", h.len);
+			REQUIRE(h.len == sizeof(struct kvp_wire_qp), "QP len %u", h.len);
 		else if (h.type == KVP_W_RDMA_GRANT)
-			FUZZ_ASSERT(h.len == sizeof(struct kvp_wire_grant), "GRANT len %u", h.len);
+			REQUIRE(h.len == sizeof(struct kvp_wire_grant), "GRANT len %u", h.len);
 		else
-			FUZZ_ASSERT(h.len == 0, "control frame with payload %u", h.len);
+			REQUIRE(h.len == 0, "control frame with payload %u", h.len);
 	} else {
-		FUZZ_ASSERT(rc == -EBADMSG || rc == -EPROTONOSUPPORT || rc == -EMSGSIZE, "rc %d",
-			    rc);
-		FUZZ_ASSERT(!(magic && ver && type) || rc != -EPROTONOSUPPORT,
-			    "good version refused as unsupported");
+		REQUIRE(rc == -EBADMSG || rc == -EPROTONOSUPPORT || rc == -EMSGSIZE, "rc %d", rc);
+		REQUIRE(!(magic && ver && type) || rc != -EPROTONOSUPPORT,
+			"good version refused as unsupported");
 	}
 }
 
 /* ---- the handshake, both sides ---- */
-
-static void
-hmac(char role, const uint8_t *challenge, const uint8_t *own, const char *from, const char *to,
-     uint8_t out[32])
-{
-	uint8_t msg[1 + 32 + 32 + 2 * KVP_NODE_ID_MAX];
-	unsigned len = 32;
-
-	memset(msg, 0, sizeof(msg));
-	msg[0] = (uint8_t)role;
-	memcpy(msg + 1, challenge, 32);
-	memcpy(msg + 33, own, 32);
-	/* What peer.c's strncpy(.., KVP_NODE_ID_MAX - 1) leaves: the id, NUL-padded. */
-	memcpy(msg + 65, from, strnlen(from, KVP_NODE_ID_MAX - 1));
-	memcpy(msg + 65 + KVP_NODE_ID_MAX, to, strnlen(to, KVP_NODE_ID_MAX - 1));
-	HMAC(EVP_sha256(), SECRET, (int)strlen(SECRET), msg, sizeof(msg), out, &len);
-}
 
 /* Would an acceptor with this config take this dialer HELLO (first message)? */
 static int
@@ -214,10 +210,10 @@ run_acceptor(struct fuzz_in *in, bool secret)
 	uint8_t sent[2 * HELLO_LEN];
 	int sp[2];
 
-	FUZZ_ASSERT(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, sp) == 0,
-		    "socketpair");
+	REQUIRE(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, sp) == 0,
+		"socketpair");
 	/* What kvp_peer_accept() does with a new connection. */
-	FUZZ_ASSERT(peer_take_pending(&node, sp[0]) == 0, "pending slot 0 is taken");
+	REQUIRE(peer_take_pending(&node, sp[0]) == 0, "pending slot 0 is taken");
 
 	memset(sent, 0, sizeof(sent));
 	size_t total = feed(in, sp[1], sent, sizeof(sent), accept_step);
@@ -227,30 +223,28 @@ run_acceptor(struct fuzz_in *in, bool secret)
 		/* As epoll would: called again while the socket stays readable (data, then EOF). */
 		for (int i = 0; i < 4 && pc->fd >= 0; i++)
 			kvp_peer_pending_input(&node, 0);
-		FUZZ_ASSERT(pc->fd < 0, "a closed handshake kept its slot");
+		REQUIRE(pc->fd < 0, "a closed handshake kept its slot");
 	}
 	close(sp[1]);
 	kvp_worker_inbox(w);
 
 	int want = acceptable_hello(sent, total, secret);
 	if (attached_peer >= 0) {
-		FUZZ_ASSERT(!attached_out, "accepted connection handed over as outgoing");
-		FUZZ_ASSERT(
-			want == attached_peer,
+		REQUIRE(!attached_out, "accepted connection handed over as outgoing");
+		REQUIRE(want == attached_peer,
 			"handed over a connection the HELLO did not earn (peer %d, expected %d)",
 			attached_peer, want);
 		if (secret) {
 			struct kvp_wire_hello first, proof;
 			uint8_t mac[32];
 
-			FUZZ_ASSERT(total >= 2 * HELLO_LEN,
-				    "authenticated without a proof message");
+			REQUIRE(total >= 2 * HELLO_LEN, "authenticated without a proof message");
 			memcpy(&first, sent + sizeof(struct kvp_wire_hdr), sizeof(first));
 			memcpy(&proof, sent + HELLO_LEN + sizeof(struct kvp_wire_hdr),
 			       sizeof(proof));
-			hmac('D', fixed_nonce, first.nonce, node.cfg.peers[want].node_id,
-			     node.cfg.node_id, mac);
-			FUZZ_ASSERT(memcmp(mac, proof.mac, 32) == 0, "accepted a wrong proof");
+			kvp_test_hello_mac(SECRET, 'D', fixed_nonce, first.nonce,
+					   node.cfg.peers[want].node_id, node.cfg.node_id, mac);
+			REQUIRE(memcmp(mac, proof.mac, 32) == 0, "accepted a wrong proof");
 		}
 		node.peers[attached_peer].in_up = 0;
 	}
@@ -272,8 +266,8 @@ run_dialer(struct fuzz_in *in, bool secret, uint16_t i)
 	uint8_t sent[HELLO_LEN];
 	int sp[2];
 
-	FUZZ_ASSERT(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, sp) == 0,
-		    "socketpair");
+	REQUIRE(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, sp) == 0,
+		"socketpair");
 	/* Where kvp_peer_out_event() stands after connecting and sending our HELLO. */
 	p->out_fd = sp[0];
 	p->out_state = KVP_LINK_HELLO;
@@ -295,7 +289,7 @@ run_dialer(struct fuzz_in *in, bool secret, uint16_t i)
 		shutdown(sp[1], SHUT_WR);
 		for (int k = 0; k < 4 && p->out_state == KVP_LINK_HELLO; k++)
 			kvp_peer_out_event(&node, i, EPOLLIN | EPOLLRDHUP);
-		FUZZ_ASSERT(p->out_state == KVP_LINK_DOWN, "a closed handshake stayed open");
+		REQUIRE(p->out_state == KVP_LINK_DOWN, "a closed handshake stayed open");
 	}
 	close(sp[1]);
 	kvp_worker_inbox(w);
@@ -304,26 +298,26 @@ run_dialer(struct fuzz_in *in, bool secret, uint16_t i)
 		struct kvp_wire_hdr h;
 		struct kvp_wire_hello m;
 
-		FUZZ_ASSERT(attached_out && attached_peer == i, "handed over the wrong connection");
-		FUZZ_ASSERT(p->out_state == KVP_LINK_UP, "handed over but not up");
-		FUZZ_ASSERT(total >= HELLO_LEN, "handed over before a whole HELLO");
+		REQUIRE(attached_out && attached_peer == i, "handed over the wrong connection");
+		REQUIRE(p->out_state == KVP_LINK_UP, "handed over but not up");
+		REQUIRE(total >= HELLO_LEN, "handed over before a whole HELLO");
 		memcpy(&h, sent, sizeof(h));
 		memcpy(&m, sent + sizeof(h), sizeof(m));
-		FUZZ_ASSERT(h.magic == KVP_WIRE_MAGIC && h.type == KVP_W_HELLO && m.status == 0 &&
-				    strncmp(m.node_id, node.cfg.peers[i].node_id,
-					    sizeof(m.node_id)) == 0,
-			    "handed over after a HELLO reply that should fail");
+		REQUIRE(h.magic == KVP_WIRE_MAGIC && h.type == KVP_W_HELLO && m.status == 0 &&
+				strncmp(m.node_id, node.cfg.peers[i].node_id, sizeof(m.node_id)) ==
+					0,
+			"handed over after a HELLO reply that should fail");
 		if (secret) {
 			uint8_t mac[32];
 
-			hmac('A', fixed_nonce, m.nonce, node.cfg.peers[i].node_id, node.cfg.node_id,
-			     mac);
-			FUZZ_ASSERT((m.flags & KVP_HELLO_F_AUTH) && memcmp(mac, m.mac, 32) == 0,
-				    "accepted a reply with a wrong proof");
+			kvp_test_hello_mac(SECRET, 'A', fixed_nonce, m.nonce,
+					   node.cfg.peers[i].node_id, node.cfg.node_id, mac);
+			REQUIRE((m.flags & KVP_HELLO_F_AUTH) && memcmp(mac, m.mac, 32) == 0,
+				"accepted a reply with a wrong proof");
 		}
 	} else {
-		FUZZ_ASSERT(p->out_state == KVP_LINK_DOWN && p->out_fd < 0,
-			    "failed handshake left state %d fd %d", p->out_state, p->out_fd);
+		REQUIRE(p->out_state == KVP_LINK_DOWN && p->out_fd < 0,
+			"failed handshake left state %d fd %d", p->out_state, p->out_fd);
 	}
 	w->peer_links[i] = 0;
 	p->out_up = 0;
@@ -366,7 +360,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			mode % 4, secret, attached_peer >= 0 ? "handed over" : "not handed over",
 			node.bad_handshakes, node.auth_failures);
 	fuzz_drain_outbox(&node, 0, NULL);
-	FUZZ_ASSERT(rte_mempool_avail_count(node.msg_pool) == pool0, "control messages leaked");
-	FUZZ_ASSERT(fuzz_lowest_fd() == fd0, "fd leaked");
+	REQUIRE(rte_mempool_avail_count(node.msg_pool) == pool0, "control messages leaked");
+	REQUIRE(fuzz_lowest_fd() == fd0, "fd leaked");
 	return 0;
 }

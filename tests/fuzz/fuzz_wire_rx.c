@@ -64,8 +64,8 @@ check_canaries(int r)
 	for (uint32_t i = 0; i < MEMFD_LEN; i++) {
 		if (i == REG_OFF)
 			i = REG_OFF + REG_LEN;
-		FUZZ_ASSERT(v[i] == CANARY, "region %d: byte %u outside [%u, %u) written", r, i,
-			    REG_OFF, REG_OFF + REG_LEN);
+		REQUIRE(v[i] == CANARY, "region %d: byte %u outside [%u, %u) written", r, i,
+			REG_OFF, REG_OFF + REG_LEN);
 	}
 }
 
@@ -86,20 +86,21 @@ LLVMFuzzerInitialize(int *argc, char ***argv)
 	tc = w->tp[0].tctx;
 	fuzz_client_open(&node, &cl, 1 << 16);
 	for (int r = 0; r < 2; r++) {
-		int fd = memfd_create("fuzz-rx-region", MFD_CLOEXEC | MFD_ALLOW_SEALING);
 		uint32_t flags = KVP_REGION_HOST | (r ? KVP_REGION_F_STAGE : 0);
+		void *map;
+		int fd;
 
-		FUZZ_ASSERT(fd >= 0 && ftruncate(fd, MEMFD_LEN) == 0, "memfd");
-		view[r] = mmap(NULL, MEMFD_LEN, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-		FUZZ_ASSERT(view[r] != MAP_FAILED, "mmap");
+		REQUIRE(kvp_test_memfd("fuzz-rx-region", MEMFD_LEN, false, &fd, &map) == 0,
+			"memfd");
+		view[r] = map;
 		paint(view[r]);
 		/* Unsealed, as a careless client would; sealed if the daemon insists. */
-		int rc =
-			kvp_region_add(&node.regions, cl.id, fd, REG_OFF, REG_LEN, flags, &keys[r]);
+		int rc = kvp_region_add(&node.regions, cl.conn.id, fd, REG_OFF, REG_LEN, flags,
+					&keys[r]);
 		if (rc < 0 && fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK) == 0)
-			rc = kvp_region_add(&node.regions, cl.id, fd, REG_OFF, REG_LEN, flags,
+			rc = kvp_region_add(&node.regions, cl.conn.id, fd, REG_OFF, REG_LEN, flags,
 					    &keys[r]);
-		FUZZ_ASSERT(rc == 0, "region: %d", rc);
+		REQUIRE(rc == 0, "region: %d", rc);
 		region_fd[r] = fd; /* the owner keeps its files (and may resize them) */
 	}
 	return 0;
@@ -135,22 +136,15 @@ settle(struct tcp_conn *c, int remote, int rounds)
 static void
 submit_one(void)
 {
-	struct kvp_sqe_seg e[2];
-	struct kvp_sqe_xfer *h = (struct kvp_sqe_xfer *)&e[0];
 	static uint64_t uid;
+	struct kvp_test_xfer x = { .user_id = ++uid,
+				   .submit_ns = kvp_mono_ns(),
+				   .timeout_ns = 3600ull * 1000000000,
+				   .src_key = keys[0],
+				   .dst_key = FUZZ_KEY(7),
+				   .len = SEND_LEN };
 
-	memset(e, 0, sizeof(e));
-	h->op = KVP_OP_XFER;
-	h->nseg = 1;
-	h->user_id = ++uid;
-	h->submit_ns = kvp_mono_ns();
-	h->timeout_ns = 3600ull * 1000000000;
-	e[1].op = KVP_OP_SEG;
-	e[1].src_key = keys[0];
-	e[1].src_off = 0;
-	e[1].len = SEND_LEN;
-	e[1].dst_key = FUZZ_KEY(7);
-	FUZZ_ASSERT(kvp_ring_enqueue_bulk(&cl.sq, e, 2) == 2, "client SQ full");
+	REQUIRE(kvp_test_submit(&cl.conn.sq, &x) == 2, "client SQ full");
 }
 
 static void
@@ -159,28 +153,26 @@ read_cq(bool outgoing)
 	struct kvp_cqe c[16];
 	int n;
 
-	while ((n = kvp_ring_dequeue_burst(&cl.cq, c, 16)) > 0) {
+	while ((n = kvp_ring_dequeue_burst(&cl.conn.cq, c, 16)) > 0) {
 		for (int i = 0; i < n; i++) {
-			FUZZ_ASSERT(c[i].status >= 0 && c[i].status < KVP_STATUS_MAX, "status %d",
-				    c[i].status);
+			REQUIRE(c[i].status >= 0 && c[i].status < KVP_STATUS_MAX, "status %d",
+				c[i].status);
 			if (c[i].kind == KVP_CQE_LANDED) {
-				FUZZ_ASSERT(!outgoing,
-					    "landing notice from an outgoing connection");
-				FUZZ_ASSERT(c[i].status == KVP_OK &&
-						    (c[i].dst_key == keys[0] ||
-						     c[i].dst_key == keys[1]) &&
-						    c[i].bytes <= (uint64_t)REG_LEN * 64,
-					    "bad landing notice (key %#" PRIx64 ", %" PRIu64
-					    " bytes)",
-					    c[i].dst_key, c[i].bytes);
+				REQUIRE(!outgoing, "landing notice from an outgoing connection");
+				REQUIRE(c[i].status == KVP_OK &&
+						(c[i].dst_key == keys[0] ||
+						 c[i].dst_key == keys[1]) &&
+						c[i].bytes <= (uint64_t)REG_LEN * 64,
+					"bad landing notice (key %#" PRIx64 ", %" PRIu64 " bytes)",
+					c[i].dst_key, c[i].bytes);
 			} else {
-				FUZZ_ASSERT(c[i].kind == KVP_CQE_DONE, "CQE kind %u", c[i].kind);
-				FUZZ_ASSERT(c[i].status != KVP_OK || c[i].bytes == SEND_LEN,
-					    "done with %" PRIu64 " bytes", c[i].bytes);
+				REQUIRE(c[i].kind == KVP_CQE_DONE, "CQE kind %u", c[i].kind);
+				REQUIRE(c[i].status != KVP_OK || c[i].bytes == SEND_LEN,
+					"done with %" PRIu64 " bytes", c[i].bytes);
 			}
 		}
 	}
-	FUZZ_ASSERT(n == 0, "client CQ index impossible");
+	REQUIRE(n == 0, "client CQ index impossible");
 }
 
 int
@@ -204,11 +196,12 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		if (ftruncate(region_fd[r], 0) < 0)
 			shrunk = false;
 	struct tcp_conn *c = &tc->conns[outgoing ? 0 : 1];
-	FUZZ_ASSERT(c->state == CONN_FREE, "connection slot still busy from the last input");
-	FUZZ_ASSERT(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp) == 0, "socketpair");
+	REQUIRE(c->state == CONN_FREE, "connection slot still busy from the last input");
+	REQUIRE(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp) == 0, "socketpair");
 	/* What the worker does with a CONN_ADD from the handshake. */
-	FUZZ_ASSERT(w->tp[0].ops->attach(w->tp[0].tctx, 0, 0, sp[0], outgoing, 0x5a5a5a5a5a5a5a5aull) == 0,
-		    "attach");
+	REQUIRE(w->tp[0].ops->attach(w->tp[0].tctx, 0, 0, sp[0], outgoing, 0x5a5a5a5a5a5a5a5aull) ==
+			0,
+		"attach");
 	/* Every slot is free between inputs: restart generations so tags repeat (ACK tag 0). */
 	for (uint32_t i = 0; i < w->nxfers; i++)
 		w->xfers[i].gen = 0;
@@ -240,17 +233,17 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
 	/* The remote hangs up: the connection must drain and free its slot. */
 	shutdown(sp[1], SHUT_WR);
-	FUZZ_ASSERT(settle(c, sp[1], 10000),
-		    "connection did not close after the remote hung up "
-		    "(rx_state %d, ops %u)",
-		    c->rx_state, c->ops);
+	REQUIRE(settle(c, sp[1], 10000),
+		"connection did not close after the remote hung up "
+		"(rx_state %d, ops %u)",
+		c->rx_state, c->ops);
 	close(sp[1]);
 	w->peer_links[0] = 0;
 	kvp_worker_inbox(w);
 	fuzz_drain_outbox(&node, 0, &ob);
-	FUZZ_ASSERT(ob.conn_down >= 1, "closed connection not reported to the main lcore");
+	REQUIRE(ob.conn_down >= 1, "closed connection not reported to the main lcore");
 	if (w->stats.peer[0].bad_frames != bad0)
-		FUZZ_ASSERT(failed, "bad frame counted but the connection stayed up");
+		REQUIRE(failed, "bad frame counted but the connection stayed up");
 
 	if (fuzz_verbose())
 		fprintf(stderr,
@@ -264,15 +257,15 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	if (mode & 2) {
 		/* Back to full size (zero-filled), canaries repainted. */
 		for (int r = 0; r < 2; r++) {
-			FUZZ_ASSERT(ftruncate(region_fd[r], MEMFD_LEN) == 0, "ftruncate");
+			REQUIRE(ftruncate(region_fd[r], MEMFD_LEN) == 0, "ftruncate");
 			paint(view[r]);
 		}
 	}
 	check_canaries(0);
 	check_canaries(1);
-	FUZZ_ASSERT(w->stats.stage_used == 0, "%" PRIu64 " staging buffers still held",
-		    w->stats.stage_used);
+	REQUIRE(w->stats.stage_used == 0, "%" PRIu64 " staging buffers still held",
+		w->stats.stage_used);
 	fuzz_assert_reclaimed(&node, pool0);
-	FUZZ_ASSERT(fuzz_lowest_fd() == fd0, "fd leaked");
+	REQUIRE(fuzz_lowest_fd() == fd0, "fd leaked");
 	return 0;
 }

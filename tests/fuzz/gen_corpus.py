@@ -100,6 +100,9 @@ def gen_wire_hello():
     write(t, "check_hello", b"\0" + struct.pack("<I", 0) + hdr(W_HELLO, 152))
     write(t, "check_wrap", b"\0" + struct.pack("<I", 65536) + hdr(W_DATA, 4096, 7, 1, 2**64 - 100))
     write(t, "check_ack", b"\0" + struct.pack("<I", 0) + hdr(W_ACK, 0, 3, aux=1))
+    # strided DATA2D: 4 blocks of 1 KiB landing 4 KiB apart, and one whose span wraps
+    write(t, "check_data2d", b"\0" + struct.pack("<I", 65536) + hdr2d(4096, 7, key(0), 0, 1024, 4096))
+    write(t, "check_data2d_wrap", b"\0" + struct.pack("<I", 65536) + hdr2d(4096, 7, 1, 2**64 - 8192, 1024, 4096))
     # mode 1: acceptor, no secret: a good HELLO in two chunks, and refusals
     good = hello("peer0", NODE, epoch=9)
     write(t, "accept_ok", b"\x01" + chunks_hello(good, [99, 200]))

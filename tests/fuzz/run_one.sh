@@ -64,7 +64,7 @@ fuzz)
 	if [[ $rc -ne 0 ]]; then
 		tail -n 80 "$log"
 		art=$(sed -n "s/.*Test unit written to \(.*\)/\1/p" "$log" | tail -n 1)
-		if ! grep -q ' INITED ' "$log"; then
+		if ! grep -qE '[[:space:]]INITED[[:space:]]' "$log"; then
 			# It crashed while loading the seeds: a kept regression input (or a seed) still fails.
 			echo "fuzz $name: CRASH on a seed or regress input (known, not fixed yet; see $src/regress/README.md)"
 			exit 1

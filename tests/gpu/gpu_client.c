@@ -12,7 +12,8 @@
  *
  * The driver API is loaded with dlopen so that the binary runs (and skips
  * with 77) where there is no GPU. Data: byte o of the transfer is a function
- * of (seed, o); decode copies its region back and checks every byte.
+ * of (seed, o) (kvp_test_pattern_fill()); decode copies its region back
+ * and checks every byte.
  */
 #include <dlfcn.h>
 #include <errno.h>
@@ -21,11 +22,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <cuda.h>
 
+#include "kvp_test.h"
 #include "kvproxy.h"
 
 #define XSTR(x) STR(x)
@@ -92,33 +93,6 @@ cuda_load(void)
 	CK(cu.cuDevicePrimaryCtxRetain(&ctx, d));
 	CK(cu.cuCtxSetCurrent(ctx));
 	return 0;
-}
-
-static uint64_t
-now_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-static uint64_t
-mix64(uint64_t z)
-{
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-	return z ^ (z >> 31);
-}
-
-static void
-fill(uint8_t *p, uint64_t n, uint64_t seed)
-{
-	for (uint64_t o = 0; o < n; o += 8) {
-		uint64_t v = mix64(seed ^ (o >> 3));
-
-		memcpy(p + o, &v, n - o < 8 ? n - o : 8);
-	}
 }
 
 struct gpu_mem {
@@ -204,21 +178,18 @@ cmd_decode(const struct opts *o)
 	struct kvp_client *c = connect_or_die(o);
 	struct gpu_mem m;
 	struct kvp_cqe cq[64];
-	uint64_t got = 0, deadline = now_ns() + (uint64_t)(o->timeout_s * 1e9);
-	char tmp[512];
+	uint64_t got = 0, deadline = kvp_test_now_ns() + (uint64_t)(o->timeout_s * 1e9);
 
 	gpu_alloc(&m, o->size, o->vmm);
 	CK(cu.cuMemsetD8(m.ptr, 0, m.len));
 	uint64_t key = gpu_register(c, &m);
-	snprintf(tmp, sizeof(tmp), "%s.tmp", o->keyfile);
-	FILE *f = fopen(tmp, "w");
-	if (!f || fprintf(f, "0x%016" PRIx64 "\n", key) < 0 || fclose(f) != 0 ||
-	    rename(tmp, o->keyfile) < 0) {
-		perror("gpu_client: key file");
+	int rc = kvp_test_key_write(o->keyfile, key);
+	if (rc < 0) {
+		fprintf(stderr, "gpu_client: key file: %s\n", strerror(-rc));
 		return 1;
 	}
 	while (got < o->size) {
-		if (now_ns() > deadline) {
+		if (kvp_test_now_ns() > deadline) {
 			fprintf(stderr, "gpu_client: timed out: %" PRIu64 " of %" PRIu64 " bytes\n",
 				got, o->size);
 			return 1;
@@ -233,12 +204,9 @@ cmd_decode(const struct opts *o)
 			if (cq[i].kind == KVP_CQE_LANDED)
 				got += cq[i].bytes;
 	}
-	uint8_t *host = malloc(o->size), *want = malloc(o->size);
+	uint8_t *host = malloc(o->size);
 	CK(cu.cuMemcpyDtoH(host, m.ptr, o->size));
-	fill(want, o->size, o->seed);
-	uint64_t bad = 0;
-	for (uint64_t i = 0; i < o->size; i++)
-		bad += host[i] != want[i];
+	uint64_t bad = kvp_test_pattern_check(o->seed, 0, host, o->size, NULL);
 	printf("decode: %" PRIu64 " bytes landed in GPU memory (%s), %" PRIu64 " mismatches\n",
 	       got, o->vmm ? "VMM fd" : "IPC handle", bad);
 	unlink(o->keyfile);
@@ -249,23 +217,14 @@ cmd_decode(const struct opts *o)
 static uint64_t
 read_key(const char *path, double wait_s)
 {
-	uint64_t deadline = now_ns() + (uint64_t)(wait_s * 1e9), key = 0;
+	uint64_t key = 0;
 
 	/* Polling for the file is the bootstrap here, not synchronisation of kvproxy. */
-	while (now_ns() < deadline) {
-		FILE *f = fopen(path, "r");
-
-		if (f) {
-			int ok = fscanf(f, "%" SCNx64, &key) == 1;
-
-			fclose(f);
-			if (ok)
-				return key;
-		}
-		usleep(20000);
+	if (kvp_test_key_read(path, wait_s, &key) < 0) {
+		fprintf(stderr, "gpu_client: no key in %s\n", path);
+		exit(1);
 	}
-	fprintf(stderr, "gpu_client: no key in %s\n", path);
-	exit(1);
+	return key;
 }
 
 static int
@@ -277,7 +236,7 @@ cmd_prefill(const struct opts *o)
 
 	gpu_alloc(&m, o->size, o->vmm);
 	uint8_t *host = malloc(o->size);
-	fill(host, o->size, o->seed);
+	kvp_test_pattern_fill(o->seed, 0, host, o->size);
 	CK(cu.cuMemcpyHtoD(m.ptr, host, o->size));
 	free(host);
 	uint64_t src = gpu_register(c, &m), dst = read_key(o->keyfile, 60);
@@ -289,7 +248,7 @@ cmd_prefill(const struct opts *o)
 	uint64_t nx = (npages + o->per_xfer - 1) / o->per_xfer, sent = 0, done = 0, ok = 0;
 	struct kvp_segment *segs = calloc(o->per_xfer, sizeof(*segs));
 	struct kvp_cqe cq[64];
-	uint64_t t0 = now_ns();
+	uint64_t t0 = kvp_test_now_ns();
 
 	while (done < nx) {
 		while (sent < nx && sent - done < o->inflight) {
@@ -328,7 +287,7 @@ cmd_prefill(const struct opts *o)
 					kvp_status_str(cq[i].status));
 		}
 	}
-	uint64_t t1 = now_ns();
+	uint64_t t1 = kvp_test_now_ns();
 	double s = (double)(t1 - t0) / 1e9;
 	/* For benchmarks that add several clients' runs up (CLOCK_MONOTONIC); the summary stays last. */
 	printf("prefill-clock: start_ns %" PRIu64 " end_ns %" PRIu64 "\n", t0, t1);
@@ -357,14 +316,17 @@ cmd_copybench(void)
 	CK(cu.cuStreamCreate(&st, CU_STREAM_NON_BLOCKING));
 	for (unsigned k = 0; k < 2; k++) {
 		for (int rep = 0; rep < 2; rep++) {
-			uint64_t t0 = now_ns();
+			uint64_t t0 = kvp_test_now_ns();
 
 			for (uint64_t off = 0; off < total; off += sizes[k])
 				CK(cu.cuMemcpyDtoHAsync((uint8_t *)h + off, d + off, sizes[k], st));
 			CK(cu.cuStreamSynchronize(st));
 			if (rep == 1)
-				printf("copybench: pinned DtoH %" PRIu64 "-byte copies: %.2f GB/s\n",
-				       sizes[k], (double)total / ((double)(now_ns() - t0) / 1e9) / 1e9);
+				printf("copybench: pinned DtoH %" PRIu64
+				       "-byte copies: %.2f GB/s\n",
+				       sizes[k],
+				       (double)total / ((double)(kvp_test_now_ns() - t0) / 1e9) /
+					       1e9);
 		}
 	}
 	return 0;

@@ -24,30 +24,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
-#include <time.h>
 #include <unistd.h>
 
+#include "kvp_test.h"
 #include "kvproxy.h"
 
 static int failures;
-
-static uint64_t
-now_ms(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
-
-static uint64_t
-now_us(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000 + (uint64_t)ts.tv_nsec / 1000;
-}
 
 /* Block until the script writes @p word on a line of its own. */
 static void
@@ -113,64 +95,64 @@ mode_bounds(const char *sock)
 	wait_word("stopped");
 
 	/* The daemon is stopped: it accepted us but will not answer. */
-	t = now_ms();
+	t = kvp_test_now_ms();
 	rc = kvp_region_register(c, fd, 0, 4096, KVP_REGION_HOST, &key);
-	expect("region_register (stopped)", rc, -ETIMEDOUT, now_ms() - t, 1500);
+	expect("region_register (stopped)", rc, -ETIMEDOUT, kvp_test_now_ms() - t, 1500);
 	printf("     reason: %s\n", kvp_last_error(c));
-	t = now_ms();
+	t = kvp_test_now_ms();
 	rc = kvp_peer_lookup(c, "nobody", &peer);
-	expect("peer_lookup (stopped)", rc, -ETIMEDOUT, now_ms() - t, 1500);
-	t = now_ms();
+	expect("peer_lookup (stopped)", rc, -ETIMEDOUT, kvp_test_now_ms() - t, 1500);
+	t = kvp_test_now_ms();
 	kvp_set_ctrl_timeout(c, 200);
 	rc = kvp_region_deregister(c, key);
-	expect("region_deregister (stopped, 200ms)", rc, -ETIMEDOUT, now_ms() - t, 1200);
-	t = now_ms();
+	expect("region_deregister (stopped, 200ms)", rc, -ETIMEDOUT, kvp_test_now_ms() - t, 1200);
+	t = kvp_test_now_ms();
 	struct kvp_connect_opts o2 = { .timeout_ms = 500 };
 	rc = kvp_connect_ex(sock, &o2, &c2, err, sizeof(err));
-	expect("connect_ex (stopped, 500ms)", rc, -ETIMEDOUT, now_ms() - t, 1500);
+	expect("connect_ex (stopped, 500ms)", rc, -ETIMEDOUT, kvp_test_now_ms() - t, 1500);
 	printf("     reason: %s\n", err);
 	if (rc == 0)
 		kvp_close(c2);
-	t = now_ms();
+	t = kvp_test_now_ms();
 	rc = submit_bad(c, 1);
-	expect("submit (stopped)", rc < 0 ? rc : 0, 0, now_ms() - t, 50);
+	expect("submit (stopped)", rc < 0 ? rc : 0, 0, kvp_test_now_ms() - t, 50);
 	struct kvp_cqe cqe[4];
-	t = now_ms();
+	t = kvp_test_now_ms();
 	rc = kvp_poll(c, cqe, 4);
-	expect("poll (stopped)", rc, 0, now_ms() - t, 50);
-	t = now_ms();
+	expect("poll (stopped)", rc, 0, kvp_test_now_ms() - t, 50);
+	t = kvp_test_now_ms();
 	rc = kvp_wait(c, cqe, 4, 300);
-	expect("wait 300ms (stopped)", rc, 0, now_ms() - t, 1300);
+	expect("wait 300ms (stopped)", rc, 0, kvp_test_now_ms() - t, 1300);
 
 	printf("timed-out\n");
 	wait_word("killed");
 	/* The daemon is dead: every call says so. */
-	t = now_ms();
+	t = kvp_test_now_ms();
 	do {
 		rc = submit_bad(c, 2);
-	} while (rc != -EPIPE && now_ms() - t < 100);
-	expect("submit (dead)", rc, -EPIPE, now_ms() - t, 100);
-	t = now_ms();
+	} while (rc != -EPIPE && kvp_test_now_ms() - t < 100);
+	expect("submit (dead)", rc, -EPIPE, kvp_test_now_ms() - t, 100);
+	t = kvp_test_now_ms();
 	rc = kvp_cancel(c, 2);
-	expect("cancel (dead)", rc, -EPIPE, now_ms() - t, 50);
-	t = now_ms();
+	expect("cancel (dead)", rc, -EPIPE, kvp_test_now_ms() - t, 50);
+	t = kvp_test_now_ms();
 	rc = submit_bad(c, 3);
-	expect("submit again (dead)", rc, -EPIPE, now_ms() - t, 50);
-	t = now_ms();
+	expect("submit again (dead)", rc, -EPIPE, kvp_test_now_ms() - t, 50);
+	t = kvp_test_now_ms();
 	do {
 		rc = kvp_poll(c, cqe, 4);
-	} while (rc >= 0 && now_ms() - t < 100);
-	expect("poll (dead)", rc, -EPIPE, now_ms() - t, 100);
-	t = now_ms();
+	} while (rc >= 0 && kvp_test_now_ms() - t < 100);
+	expect("poll (dead)", rc, -EPIPE, kvp_test_now_ms() - t, 100);
+	t = kvp_test_now_ms();
 	rc = kvp_wait(c, cqe, 4, -1);
-	expect("wait forever (dead)", rc, -EPIPE, now_ms() - t, 100);
-	t = now_ms();
+	expect("wait forever (dead)", rc, -EPIPE, kvp_test_now_ms() - t, 100);
+	t = kvp_test_now_ms();
 	rc = kvp_region_register(c, fd, 0, 4096, KVP_REGION_HOST, &key);
-	expect("region_register (dead)", rc, -EPIPE, now_ms() - t, 100);
+	expect("region_register (dead)", rc, -EPIPE, kvp_test_now_ms() - t, 100);
 	rc = kvp_peer_lookup(c, "nobody", &peer);
-	expect("peer_lookup (dead)", rc, -EPIPE, now_ms() - t, 100);
+	expect("peer_lookup (dead)", rc, -EPIPE, kvp_test_now_ms() - t, 100);
 	rc = kvp_region_deregister(c, key);
-	expect("region_deregister (dead)", rc, -EPIPE, now_ms() - t, 100);
+	expect("region_deregister (dead)", rc, -EPIPE, kvp_test_now_ms() - t, 100);
 	printf("     reason: %s\n", kvp_last_error(c));
 	kvp_close(c);
 	kvp_host_free(fd, mem, 1 << 20);
@@ -200,9 +182,9 @@ mode_stuck(const char *sock, unsigned n, unsigned cq)
 	}
 	printf("stuck: %u transfers submitted, CQ of %u never read\n", n, cq);
 	wait_word("read");
-	uint64_t t = now_ms();
+	uint64_t t = kvp_test_now_ms();
 
-	while (got < n && now_ms() - t < 20000) {
+	while (got < n && kvp_test_now_ms() - t < 20000) {
 		rc = kvp_wait(c, cqe, 64, 1000);
 		if (rc < 0) {
 			fprintf(stderr, "wait: %s\n", strerror(-rc));
@@ -213,17 +195,9 @@ mode_stuck(const char *sock, unsigned n, unsigned cq)
 		got += (unsigned)rc;
 	}
 	printf("drained %u of %u completions in %" PRIu64 " ms (%u unexpected)\n", got, n,
-	       now_ms() - t, bad);
+	       kvp_test_now_ms() - t, bad);
 	kvp_close(c);
 	return got == n && bad == 0 ? 0 : 1;
-}
-
-static int
-cmp_u64(const void *a, const void *b)
-{
-	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-
-	return x < y ? -1 : x > y;
 }
 
 static int
@@ -240,7 +214,7 @@ mode_latency(const char *sock, unsigned n)
 	}
 	for (unsigned i = 0; i < n; i++) {
 		struct kvp_cqe cqe;
-		uint64_t t = now_us();
+		uint64_t t = kvp_test_now_us();
 
 		rc = submit_bad(c, i + 1);
 		if (rc == 0)
@@ -249,9 +223,9 @@ mode_latency(const char *sock, unsigned n)
 			fprintf(stderr, "transfer %u: %d\n", i, rc);
 			return 1;
 		}
-		lat[i] = now_us() - t;
+		lat[i] = kvp_test_now_us() - t;
 	}
-	qsort(lat, n, sizeof(*lat), cmp_u64);
+	kvp_test_sort_u64(lat, n);
 	printf("latency us: p50 %" PRIu64 " p99 %" PRIu64 " max %" PRIu64 " (%u transfers)\n",
 	       lat[n / 2], lat[n * 99 / 100], lat[n - 1], n);
 	free(lat);

@@ -40,7 +40,6 @@
  * Exit: 0 as expected, 1 not as expected, 2 usage, 99 setup failed.
  */
 #include <errno.h>
-#include <fcntl.h>
 #include <getopt.h>
 #include <inttypes.h>
 #include <poll.h>
@@ -49,28 +48,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
-#include <sys/un.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "kvp_rings.h"
-
-struct conn {
-	int sock;
-	int doorbell;
-	int notify;
-	uint8_t *chan;
-	size_t chan_len;
-	struct kvp_chan_hdr *hdr;
-	struct kvp_ring sq;
-	struct kvp_ring cq;
-	uint32_t id;
-	uint32_t max_segs;
-	uint64_t seq;
-};
+#include "kvp_test.h"
 
 static const char *cmd = "?";
 
@@ -86,216 +68,72 @@ static void __attribute__((format(printf, 2, 3), noreturn)) die(int code, const 
 	exit(code);
 }
 
-static uint64_t
-now_ms(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
-
-static uint64_t
-now_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
+/* Random SQ bytes and indices: reproducible from --seed. */
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
 
 static uint64_t
 rng(void)
 {
-	/* xorshift64*: reproducible from --seed */
-	rng_state ^= rng_state >> 12;
-	rng_state ^= rng_state << 25;
-	rng_state ^= rng_state >> 27;
-	return rng_state * 0x2545f4914f6cdd1dull;
+	return kvp_test_splitmix64(&rng_state);
 }
 
-/* ---- control protocol ---- */
-
-static int
-ctrl(struct conn *c, struct kvp_ctrl_req *req, int send_fd, struct kvp_ctrl_rep *rep, int *fds,
-     unsigned want)
-{
-	union {
-		struct cmsghdr h;
-		char buf[CMSG_SPACE(sizeof(int) * 4)];
-	} u;
-	struct iovec iov = { .iov_base = req, .iov_len = sizeof(*req) };
-	struct msghdr msg = { .msg_iov = &iov, .msg_iovlen = 1 };
-	size_t got = 0;
-	unsigned nfds = 0;
-
-	req->magic = KVP_CTRL_MAGIC;
-	req->abi_version = KVP_ABI_VERSION;
-	req->seq = ++c->seq;
-	if (send_fd >= 0) {
-		memset(&u, 0, sizeof(u));
-		msg.msg_control = u.buf;
-		msg.msg_controllen = CMSG_SPACE(sizeof(int));
-		struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
-		cm->cmsg_level = SOL_SOCKET;
-		cm->cmsg_type = SCM_RIGHTS;
-		cm->cmsg_len = CMSG_LEN(sizeof(int));
-		memcpy(CMSG_DATA(cm), &send_fd, sizeof(int));
-	}
-	if (sendmsg(c->sock, &msg, MSG_NOSIGNAL) != (ssize_t)sizeof(*req))
-		return -EPIPE;
-	while (got < sizeof(*rep)) {
-		iov = (struct iovec){ .iov_base = (uint8_t *)rep + got,
-				      .iov_len = sizeof(*rep) - got };
-		msg = (struct msghdr){ .msg_iov = &iov,
-				       .msg_iovlen = 1,
-				       .msg_control = u.buf,
-				       .msg_controllen = sizeof(u.buf) };
-		ssize_t r = recvmsg(c->sock, &msg, MSG_CMSG_CLOEXEC);
-
-		if (r < 0 && errno == EINTR)
-			continue;
-		if (r <= 0)
-			return -EPIPE;
-		for (struct cmsghdr *cm = CMSG_FIRSTHDR(&msg); cm; cm = CMSG_NXTHDR(&msg, cm)) {
-			unsigned k = (unsigned)((cm->cmsg_len - CMSG_LEN(0)) / sizeof(int));
-
-			for (unsigned i = 0; i < k; i++) {
-				int fd;
-
-				memcpy(&fd, CMSG_DATA(cm) + i * sizeof(int), sizeof(int));
-				if (nfds < want)
-					fds[nfds++] = fd;
-				else
-					close(fd);
-			}
-		}
-		got += (size_t)r;
-	}
-	if (rep->magic != KVP_CTRL_MAGIC || rep->seq != req->seq)
-		return -EPROTO;
-	if (rep->err)
-		return rep->err;
-	return nfds == want ? 0 : -EPROTO;
-}
+/* ---- control protocol (the test-helper library speaks it from kvp_rings.h) ---- */
 
 static void
-conn_open(struct conn *c, const char *path)
+conn_open(struct kvp_test_conn *c, const char *path)
 {
-	struct sockaddr_un sa = { .sun_family = AF_UNIX };
-	struct kvp_ctrl_req req;
 	struct kvp_ctrl_rep rep;
-	int fds[3], rc;
+	int rc = kvp_test_conn_open(c, path, NULL, NULL, &rep);
 
-	memset(c, 0, sizeof(*c));
-	if (strlen(path) >= sizeof(sa.sun_path))
+	if (rc == -ENAMETOOLONG)
 		die(2, "socket path too long");
-	strcpy(sa.sun_path, path);
-	c->sock = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	if (c->sock < 0 || connect(c->sock, (struct sockaddr *)&sa, sizeof(sa)) < 0)
-		die(99, "connect %s: %s", path, strerror(errno));
-	memset(&req, 0, sizeof(req));
-	req.op = KVP_CTRL_HELLO;
-	req.u.hello.pid = (int32_t)getpid();
-	rc = ctrl(c, &req, -1, &rep, fds, 3);
 	if (rc < 0)
-		die(99, "HELLO: %s (%.*s)", strerror(-rc), KVP_ERRMSG_MAX, rep.errmsg);
-	c->id = rep.u.hello.client_id;
-	c->max_segs = rep.u.hello.max_segs;
-	c->doorbell = fds[1];
-	c->notify = fds[2];
-	c->chan_len = rep.u.hello.chan_size;
-	c->chan = mmap(NULL, c->chan_len, PROT_READ | PROT_WRITE, MAP_SHARED, fds[0], 0);
-	close(fds[0]);
-	if (c->chan == MAP_FAILED)
-		die(99, "mmap channel: %s", strerror(errno));
-	c->hdr = (struct kvp_chan_hdr *)c->chan;
-	rc = kvp_chan_attach(c->chan, c->chan_len, false, &c->sq, &c->cq);
-	if (rc < 0)
-		die(99, "channel: %s", strerror(-rc));
+		die(99, "HELLO %s: %s (%.*s)", path, strerror(-rc), KVP_ERRMSG_MAX, rep.errmsg);
 }
 
 static uint64_t
-region_register(struct conn *c, int fd, uint64_t len)
+region_register(struct kvp_test_conn *c, int fd, uint64_t len)
 {
-	struct kvp_ctrl_req req;
 	struct kvp_ctrl_rep rep;
-	int rc;
+	uint64_t key = 0;
+	int rc = kvp_test_region_register(c, fd, len, KVP_REGION_HOST, &key, &rep);
 
-	memset(&req, 0, sizeof(req));
-	req.op = KVP_CTRL_REG;
-	req.u.reg.len = len;
-	req.u.reg.flags = KVP_REGION_HOST;
-	rc = ctrl(c, &req, fd, &rep, NULL, 0);
 	if (rc < 0)
 		die(99, "REG: %s (%.*s)", strerror(-rc), KVP_ERRMSG_MAX, rep.errmsg);
-	return rep.u.reg.key;
+	return key;
 }
 
 static uint16_t
-peer_lookup(struct conn *c, const char *node)
+peer_lookup(struct kvp_test_conn *c, const char *node)
 {
-	struct kvp_ctrl_req req;
-	struct kvp_ctrl_rep rep;
-	int rc;
+	uint16_t peer = 0;
+	int rc = kvp_test_peer_lookup(c, node, &peer);
 
-	memset(&req, 0, sizeof(req));
-	req.op = KVP_CTRL_PEER_LOOKUP;
-	snprintf(req.u.peer.node_id, sizeof(req.u.peer.node_id), "%s", node);
-	rc = ctrl(c, &req, -1, &rep, NULL, 0);
 	if (rc < 0)
 		die(99, "PEER_LOOKUP %s: %s", node, strerror(-rc));
-	return rep.u.peer.peer;
+	return peer;
 }
 
 static uint8_t *
 region_alloc(uint64_t len, int *fd)
 {
-	uint8_t *p;
-
+	void *p;
 	/* Sealed against shrinking, as kvproxyd requires. */
-	*fd = memfd_create("rogue-region", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-	if (*fd < 0 || ftruncate(*fd, (off_t)len) < 0 ||
-	    fcntl(*fd, F_ADD_SEALS, F_SEAL_SHRINK) < 0)
-		die(99, "memfd: %s", strerror(errno));
-	p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, *fd, 0);
-	if (p == MAP_FAILED)
-		die(99, "mmap region: %s", strerror(errno));
+	int rc = kvp_test_memfd("rogue-region", len, true, fd, &p);
+
+	if (rc < 0)
+		die(99, "memfd: %s", strerror(-rc));
 	return p;
-}
-
-static void
-fill(uint8_t *p, uint64_t len, uint64_t seed)
-{
-	rng_state = seed * 0x9e3779b97f4a7c15ull + 1;
-	for (uint64_t i = 0; i + 8 <= len; i += 8) {
-		uint64_t v = rng();
-
-		memcpy(p + i, &v, 8);
-	}
-}
-
-static void
-ring_doorbell(struct conn *c)
-{
-	uint64_t one = 1;
-
-	/* Always, whether or not the daemon sleeps: a rogue need not be polite. */
-	if (write(c->doorbell, &one, sizeof(one)) < 0) {
-		/* EAGAIN: counter saturated; the daemon wakes anyway. */
-	}
 }
 
 /* Wait up to @p ms for the daemon to close our socket. @return ms waited, or -1. */
 static long
-wait_eof(struct conn *c, long ms)
+wait_eof(struct kvp_test_conn *c, long ms)
 {
-	uint64_t t0 = now_ms();
+	uint64_t t0 = kvp_test_now_ms();
 
 	for (;;) {
-		long left = ms - (long)(now_ms() - t0);
+		long left = ms - (long)(kvp_test_now_ms() - t0);
 		struct pollfd p = { .fd = c->sock, .events = POLLIN };
 
 		if (left <= 0)
@@ -306,16 +144,16 @@ wait_eof(struct conn *c, long ms)
 		ssize_t r = recv(c->sock, b, sizeof(b), MSG_DONTWAIT);
 
 		if (r == 0 || (r < 0 && errno != EAGAIN && errno != EINTR))
-			return (long)(now_ms() - t0);
+			return (long)(kvp_test_now_ms() - t0);
 		/* A reply we did not ask for would be odd; keep waiting for the close. */
 	}
 }
 
 /* Wait for the DONE completion of @p user_id. @return its status, or -ETIMEDOUT/-EPIPE. */
 static int
-wait_done(struct conn *c, uint64_t user_id, long ms)
+wait_done(struct kvp_test_conn *c, uint64_t user_id, long ms)
 {
-	uint64_t t0 = now_ms();
+	uint64_t t0 = kvp_test_now_ms();
 	struct kvp_cqe e[16];
 
 	for (;;) {
@@ -328,7 +166,7 @@ wait_done(struct conn *c, uint64_t user_id, long ms)
 				return e[i].status;
 		if (n > 0)
 			continue;
-		long left = ms - (long)(now_ms() - t0);
+		long left = ms - (long)(kvp_test_now_ms() - t0);
 		if (left <= 0)
 			return -ETIMEDOUT;
 		if (!kvp_ring_prepare_wait(&c->cq))
@@ -365,12 +203,9 @@ status_of(const char *name)
 static uint64_t
 parse_u64(const char *s, const char *what)
 {
-	char *end;
-	unsigned long long v;
+	uint64_t v;
 
-	errno = 0;
-	v = strtoull(s, &end, 0);
-	if (errno || end == s || (*end != '\0' && *end != '\n'))
+	if (kvp_test_parse_u64(s, &v) < 0)
 		die(2, "bad %s '%s'", what, s);
 	return v;
 }
@@ -378,13 +213,15 @@ parse_u64(const char *s, const char *what)
 static uint64_t
 read_key(const char *path)
 {
-	char line[64];
-	FILE *f = fopen(path, "r");
+	uint64_t key;
+	int rc = kvp_test_key_read(path, 0, &key);
 
-	if (!f || !fgets(line, sizeof(line), f))
-		die(99, "key file %s: %s", path, strerror(errno));
-	fclose(f);
-	return parse_u64(line, "key");
+	if (rc < 0)
+		die(99, "key file %s: %s", path,
+		    rc == -ETIMEDOUT ? "no such file" :
+		    rc == -EBADMSG   ? "not a key" :
+				       strerror(-rc));
+	return key;
 }
 
 /* ---- subcommands ---- */
@@ -413,7 +250,7 @@ struct opts {
 static int
 cmd_keys(const struct opts *o)
 {
-	struct conn c;
+	struct kvp_test_conn c;
 	int fd;
 	uint64_t k[3];
 
@@ -455,19 +292,15 @@ on_term(int sig)
  * cannot shrink. Exit 0 when both hold.
  */
 static int
-shrink_attack(struct conn *c, const struct opts *o)
+shrink_attack(struct kvp_test_conn *c, const struct opts *o)
 {
-	struct kvp_ctrl_req req;
 	struct kvp_ctrl_rep rep;
-	int fd = memfd_create("rogue-unsealed", MFD_CLOEXEC), sfd, rc;
+	uint64_t key;
+	int fd, sfd, rc = kvp_test_memfd("rogue-unsealed", o->size, false, &fd, NULL);
 
-	if (fd < 0 || ftruncate(fd, (off_t)o->size) < 0)
-		die(99, "memfd: %s", strerror(errno));
-	memset(&req, 0, sizeof(req));
-	req.op = KVP_CTRL_REG;
-	req.u.reg.len = o->size;
-	req.u.reg.flags = KVP_REGION_HOST;
-	rc = ctrl(c, &req, fd, &rep, NULL, 0);
+	if (rc < 0)
+		die(99, "memfd: %s", strerror(-rc));
+	rc = kvp_test_region_register(c, fd, o->size, KVP_REGION_HOST, &key, &rep);
 	if (rc != -EPERM) {
 		fprintf(stderr, "rogue_client: unsealed memfd registration: %d, expected -EPERM\n", rc);
 		return 1;
@@ -486,9 +319,9 @@ shrink_attack(struct conn *c, const struct opts *o)
 static int
 cmd_hold(const struct opts *o)
 {
-	struct conn c;
-	int fd;
-	char tmp[4096];
+	struct kvp_test_conn c;
+	size_t first = 0;
+	int fd, rc;
 
 	if (!o->key_file || !o->stop_file || !o->size)
 		die(2, "hold needs --key-file, --stop-file and --size");
@@ -497,40 +330,31 @@ cmd_hold(const struct opts *o)
 	if (o->truncate)
 		return shrink_attack(&c, o);
 	uint8_t *p = region_alloc(o->size, &fd);
-	uint8_t *copy = malloc(o->size);
-	if (!copy)
-		die(99, "out of memory");
-	fill(p, o->size, o->seed);
-	memcpy(copy, p, o->size);
+	kvp_test_pattern_fill(o->seed, 0, p, o->size);
 	uint64_t key = region_register(&c, fd, o->size);
-	snprintf(tmp, sizeof(tmp), "%s.tmp", o->key_file);
-	FILE *f = fopen(tmp, "w");
-	if (!f || fprintf(f, "0x%016" PRIx64 "\n", key) < 0 || fclose(f) != 0 ||
-	    rename(tmp, o->key_file) != 0)
-		die(99, "key file: %s", strerror(errno));
-	uint64_t deadline = now_ms() + (uint64_t)(o->timeout_s * 1000);
-	while (!stop && access(o->stop_file, F_OK) != 0 && now_ms() < deadline)
+	rc = kvp_test_key_write(o->key_file, key);
+	if (rc < 0)
+		die(99, "key file: %s", strerror(-rc));
+	uint64_t deadline = kvp_test_now_ms() + (uint64_t)(o->timeout_s * 1000);
+	while (!stop && access(o->stop_file, F_OK) != 0 && kvp_test_now_ms() < deadline)
 		usleep(20000);
-	uint64_t diff = 0, first = 0;
-	for (uint64_t i = 0; i < o->size; i++)
-		if (p[i] != copy[i] && diff++ == 0)
-			first = i;
+	/* The pattern is a function of (seed, offset): nothing else may have written it. */
+	uint64_t diff = kvp_test_pattern_check(o->seed, 0, p, o->size, &first);
 	unlink(o->key_file);
 	if (diff)
 		printf("rogue_client hold: region 0x%016" PRIx64 " CHANGED: %" PRIu64
-		       " bytes differ, first at %" PRIu64 "\n",
+		       " bytes differ, first at %zu\n",
 		       key, diff, first);
 	else
 		printf("rogue_client hold: region 0x%016" PRIx64 " intact (%" PRIu64 " bytes)\n",
 		       key, o->size);
-	free(copy);
 	return diff ? 1 : 0;
 }
 
 static int
 cmd_garbage(const struct opts *o)
 {
-	struct conn c;
+	struct kvp_test_conn c;
 	const char *m = o->mode ? o->mode : "random";
 	uint32_t size;
 
@@ -555,7 +379,7 @@ cmd_garbage(const struct opts *o)
 			published += k;
 			atomic_store_explicit(&c.hdr->sq.prod, prod + published,
 					      memory_order_release);
-			ring_doorbell(&c);
+			kvp_test_doorbell(&c);
 			waited = wait_eof(&c, 300);
 		}
 		if (waited < 0)
@@ -587,21 +411,12 @@ cmd_garbage(const struct opts *o)
 		atomic_store_explicit(&c.hdr->cq.cons, v, memory_order_release);
 		printf("rogue_client garbage %s: wrote cq.cons = %u\n", m, v);
 		/* ...then submit, so the daemon looks at the CQ. */
-		struct kvp_sqe_seg e[2];
-		struct kvp_sqe_xfer *h = (struct kvp_sqe_xfer *)&e[0];
-
-		memset(e, 0, sizeof(e));
-		h->op = KVP_OP_XFER;
-		h->nseg = 1;
-		h->user_id = 1;
-		e[1].op = KVP_OP_SEG;
-		e[1].len = 1;
-		e[1].dst_key = 1;
-		kvp_ring_enqueue_bulk(&c.sq, e, 2);
+		kvp_test_submit(&c.sq,
+				&(struct kvp_test_xfer){ .user_id = 1, .dst_key = 1, .len = 1 });
 	} else {
 		die(2, "unknown --mode %s", m);
 	}
-	ring_doorbell(&c);
+	kvp_test_doorbell(&c);
 	long waited = wait_eof(&c, (long)(o->timeout_s * 1000));
 	if (waited >= 0)
 		printf("rogue_client garbage %s: disconnected by the daemon after %ld ms\n", m,
@@ -614,7 +429,7 @@ cmd_garbage(const struct opts *o)
 static int
 cmd_steal(const struct opts *o)
 {
-	struct conn c;
+	struct kvp_test_conn c;
 	uint64_t src, dst, len = o->len ? o->len : 4096;
 	int fd, want;
 
@@ -627,7 +442,7 @@ cmd_steal(const struct opts *o)
 		uint64_t n = o->own_size ? o->own_size : len;
 		uint8_t *p = region_alloc(n, &fd);
 
-		fill(p, n, 99);
+		kvp_test_pattern_fill(99, 0, p, n);
 		src = region_register(&c, fd, n);
 	} else {
 		src = parse_u64(o->src_key, "--src-key");
@@ -635,22 +450,16 @@ cmd_steal(const struct opts *o)
 	dst = strncmp(o->dst_key, "file:", 5) == 0 ? read_key(o->dst_key + 5) :
 						     parse_u64(o->dst_key, "--dst-key");
 
-	struct kvp_sqe_seg e[2];
-	struct kvp_sqe_xfer *h = (struct kvp_sqe_xfer *)&e[0];
-	memset(e, 0, sizeof(e));
-	h->op = KVP_OP_XFER;
-	h->peer = peer;
-	h->nseg = 1;
-	h->user_id = 4242;
-	h->submit_ns = now_ns();
-	h->timeout_ns = o->xfer_timeout_ns;
-	e[1].op = KVP_OP_SEG;
-	e[1].src_key = src;
-	e[1].len = len;
-	e[1].dst_key = dst;
-	if (kvp_ring_enqueue_bulk(&c.sq, e, 2) != 2)
+	struct kvp_test_xfer x = { .peer = peer,
+				   .user_id = 4242,
+				   .submit_ns = kvp_test_now_ns(),
+				   .timeout_ns = o->xfer_timeout_ns,
+				   .src_key = src,
+				   .dst_key = dst,
+				   .len = len };
+	if (kvp_test_submit(&c.sq, &x) != 2)
 		die(99, "SQ full");
-	ring_doorbell(&c);
+	kvp_test_doorbell(&c);
 	int st = wait_done(&c, 4242, (long)(o->timeout_s * 1000));
 	printf("rogue_client steal: src 0x%016" PRIx64 "%s -> dst 0x%016" PRIx64
 	       ": %s (expected %s)\n",
@@ -662,7 +471,7 @@ cmd_steal(const struct opts *o)
 static int
 cmd_pin(const struct opts *o)
 {
-	struct conn c;
+	struct kvp_test_conn c;
 	uint64_t count = o->count ? o->count : 256, seg = o->seg ? o->seg : 4u << 20, dst;
 	int fd;
 
@@ -672,33 +481,28 @@ cmd_pin(const struct opts *o)
 	conn_open(&c, o->sock);
 	uint16_t peer = peer_lookup(&c, o->peer);
 	uint8_t *p = region_alloc(seg, &fd);
-	fill(p, seg, 5);
+	kvp_test_pattern_fill(5, 0, p, seg);
 	uint64_t src = region_register(&c, fd, seg);
 	dst = strncmp(o->dst_key, "file:", 5) == 0 ? read_key(o->dst_key + 5) :
 						     parse_u64(o->dst_key, "--dst-key");
 	uint64_t sent = 0;
 	for (; sent < count; sent++) {
-		struct kvp_sqe_seg e[2];
-		struct kvp_sqe_xfer *h = (struct kvp_sqe_xfer *)&e[0];
+		struct kvp_test_xfer x = { .peer = peer,
+					   .user_id = sent,
+					   .submit_ns = kvp_test_now_ns(),
+					   .timeout_ns = 3600ull * 1000000000,
+					   .src_key = src,
+					   .dst_key = dst,
+					   .len = seg };
 
-		memset(e, 0, sizeof(e));
-		h->op = KVP_OP_XFER;
-		h->peer = peer;
-		h->nseg = 1;
-		h->user_id = sent;
-		h->submit_ns = now_ns();
-		h->timeout_ns = 3600ull * 1000000000;
-		e[1].op = KVP_OP_SEG;
-		e[1].src_key = src;
-		e[1].len = seg;
-		e[1].dst_key = dst;
-		if (kvp_ring_enqueue_bulk(&c.sq, e, 2) != 2)
+		if (kvp_test_submit(&c.sq, &x) != 2)
 			break;
 	}
 	/* Let the daemon admit them all first (it refuses new work while the CQ looks full). */
-	ring_doorbell(&c);
-	uint64_t until = now_ms() + 10000;
-	while (atomic_load(&c.hdr->sq.cons) != atomic_load(&c.hdr->sq.prod) && now_ms() < until)
+	kvp_test_doorbell(&c);
+	uint64_t until = kvp_test_now_ms() + 10000;
+	while (atomic_load(&c.hdr->sq.cons) != atomic_load(&c.hdr->sq.prod) &&
+	       kvp_test_now_ms() < until)
 		usleep(200);
 	/*
 	 * The CQ now "looks full" from the daemon's side: cons sits one ring
@@ -711,29 +515,21 @@ cmd_pin(const struct opts *o)
 	 * The daemon caches the consumer index and re-reads it when it admits
 	 * work: one more submission makes it look (it then waits for CQ room).
 	 */
-	struct kvp_sqe_seg e[2];
-	struct kvp_sqe_xfer *h = (struct kvp_sqe_xfer *)&e[0];
-
-	memset(e, 0, sizeof(e));
-	h->op = KVP_OP_XFER;
-	h->peer = peer;
-	h->nseg = 1;
-	h->user_id = sent;
-	h->submit_ns = now_ns();
-	e[1].op = KVP_OP_SEG;
-	e[1].src_key = src;
-	e[1].len = 4096;
-	e[1].dst_key = dst;
-	kvp_ring_enqueue_bulk(&c.sq, e, 2);
-	ring_doorbell(&c);
+	kvp_test_submit(&c.sq, &(struct kvp_test_xfer){ .peer = peer,
+							.user_id = sent,
+							.submit_ns = kvp_test_now_ns(),
+							.src_key = src,
+							.dst_key = dst,
+							.len = 4096 });
+	kvp_test_doorbell(&c);
 	printf("rogue_client pin: %" PRIu64 " transfers of %" PRIu64
 	       " bytes submitted and picked up (%u completions already posted), CQ consumer index "
 	       "moved back a whole ring\n",
 	       sent, seg, cqprod);
 	fflush(stdout);
-	uint64_t deadline = now_ms() + (uint64_t)((o->hold_s ? o->hold_s : 20) * 1000);
+	uint64_t deadline = kvp_test_now_ms() + (uint64_t)((o->hold_s ? o->hold_s : 20) * 1000);
 	long closed = -1;
-	while (!stop && now_ms() < deadline && closed < 0) {
+	while (!stop && kvp_test_now_ms() < deadline && closed < 0) {
 		/* Keep the lie in place if the daemon ever resets it. */
 		atomic_store_explicit(&c.hdr->cq.cons, cqprod - c.cq.size, memory_order_release);
 		closed = wait_eof(&c, 100);

@@ -37,6 +37,8 @@
 
 #include <infiniband/verbs.h>
 
+#include "kvp_test.h"
+
 #define EXIT_SKIP 77
 #define SQ_DEPTH  16 /* writes in flight per round */
 #define CQ_DEPTH  (2 * SQ_DEPTH)
@@ -59,15 +61,6 @@ struct end {
 	union ibv_gid gid;
 	uint32_t psn;
 };
-
-static double
-now_s(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
 
 static bool
 gid_is_ipv4(const union ibv_gid *g)
@@ -316,7 +309,7 @@ end_connect(struct end *e, const struct end *peer)
 static int
 wait_wc(const struct end *e, struct ibv_wc *wc)
 {
-	double deadline = now_s() + WAIT_S;
+	double deadline = kvp_test_now_s() + WAIT_S;
 	struct timespec nap = { .tv_nsec = 20 * 1000 };
 
 	for (unsigned spins = 0;; spins++) {
@@ -328,7 +321,7 @@ wait_wc(const struct end *e, struct ibv_wc *wc)
 		}
 		if (n == 1)
 			return 0;
-		if (now_s() > deadline) {
+		if (kvp_test_now_s() > deadline) {
 			struct ibv_qp_attr a;
 			struct ibv_qp_init_attr ia;
 
@@ -342,34 +335,16 @@ wait_wc(const struct end *e, struct ibv_wc *wc)
 	}
 }
 
-/* Deterministic per-round content, so that stale data from a previous round shows. */
-static void
-fill(uint8_t *buf, size_t len, uint64_t seed)
-{
-	uint64_t x = seed * 0x9e3779b97f4a7c15ull + 1;
-
-	for (size_t i = 0; i < len; i += 8) {
-		x ^= x << 13;
-		x ^= x >> 7;
-		x ^= x << 17;
-		memcpy(buf + i, &x, len - i < 8 ? len - i : 8);
-	}
-}
-
 static int
 verify(const struct end *src, const struct end *dst)
 {
-	size_t first = SIZE_MAX, bad = 0;
+	size_t first = 0;
+	uint64_t bad = kvp_test_bytes_diff(src->buf, dst->buf, src->len, &first);
 
-	if (memcmp(src->buf, dst->buf, src->len) == 0)
+	if (bad == 0)
 		return 0;
-	for (size_t i = 0; i < src->len; i++)
-		if (src->buf[i] != dst->buf[i]) {
-			if (first == SIZE_MAX)
-				first = i;
-			bad++;
-		}
-	printf("FAIL: %zu of %zu bytes differ; first at offset %zu (0x%02x sent, 0x%02x landed)\n",
+	printf("FAIL: %" PRIu64 " of %zu bytes differ; first at offset %zu (0x%02x sent, 0x%02x "
+	       "landed)\n",
 	       bad, src->len, first, src->buf[first], dst->buf[first]);
 	return -EIO;
 }
@@ -386,7 +361,8 @@ run_round(struct end *s, struct end *r, unsigned round, size_t chunk, double *bu
 	double t0;
 	int ret;
 
-	fill(s->buf, s->len, round + 1);
+	/* Per-round content, so that stale data from a previous round shows. */
+	kvp_test_pattern_fill(round + 1, 0, s->buf, s->len);
 	memset(r->buf, 0xa5 ^ (int)round, r->len);
 
 	/* WRITE WITH IMM consumes a receive; it carries no payload into it */
@@ -394,7 +370,7 @@ run_round(struct end *s, struct end *r, unsigned round, size_t chunk, double *bu
 		printf("FAIL: ibv_post_recv: %s\n", strerror(ret));
 		return -ret;
 	}
-	t0 = now_s();
+	t0 = kvp_test_now_s();
 	while (reaped < nchunks) {
 		while (posted < nchunks && posted - reaped < SQ_DEPTH) {
 			size_t off = posted * chunk;
@@ -435,7 +411,7 @@ run_round(struct end *s, struct end *r, unsigned round, size_t chunk, double *bu
 	}
 	if ((ret = wait_wc(r, &wc)) != 0)
 		return ret;
-	*busy_s += now_s() - t0;
+	*busy_s += kvp_test_now_s() - t0;
 	if (wc.status != IBV_WC_SUCCESS) {
 		printf("FAIL: receiver completion: %s\n", ibv_wc_status_str(wc.status));
 		return -EIO;
@@ -496,27 +472,13 @@ check_dmabuf_refused(const struct end *e)
 	return 0;
 }
 
+/* BYTES with an optional k, m or g suffix; 0 if it is not one. */
 static size_t
 parse_size(const char *s)
 {
-	char *end;
-	unsigned long long v = strtoull(s, &end, 0);
+	uint64_t v = 0;
 
-	switch (*end) {
-	case 'k':
-	case 'K':
-		v <<= 10;
-		end++;
-		break;
-	case 'm':
-	case 'M':
-		v <<= 20;
-		end++;
-		break;
-	default:
-		break;
-	}
-	return *end || v == 0 ? 0 : (size_t)v;
+	return kvp_test_parse_u64(s, &v) == 0 ? (size_t)v : 0;
 }
 
 int

@@ -15,8 +15,8 @@
 
 #include <jansson.h>
 
-#include "check.h"
 #include "ctrl_priv.h"
+#include "kvp_test.h"
 
 #define CANARY 0xa5
 
@@ -32,7 +32,7 @@ check_reply(const char *what, const char *buf, size_t len, json_t *want_id, bool
 
 	if (!r) {
 		fprintf(stderr, "%s: reply of %zu bytes is not JSON: %s\n", what, len, jerr.text);
-		check_failures++;
+		kvp_test_failures++;
 		return;
 	}
 	json_t *err = json_object_get(r, "error"), *v = json_object_get(r, "jsonrpc");
@@ -74,7 +74,7 @@ sweep(const char *what, const char *req, json_t *want_id, bool result, size_t er
 			if ((unsigned char)buf[i] != CANARY) {
 				fprintf(stderr, "%s: outlen %zu: byte %zu written\n", what, outlen,
 					i);
-				check_failures++;
+				kvp_test_failures++;
 				break;
 			}
 		if (outlen >= full) {
@@ -109,7 +109,7 @@ expect_contains(const char *what, const char *needle)
 {
 	if (!strstr(rbuf, needle)) {
 		fprintf(stderr, "%s: reply '%s' lacks '%s'\n", what, rbuf, needle);
-		check_failures++;
+		kvp_test_failures++;
 	}
 }
 
@@ -126,7 +126,7 @@ expect_reply(const char *what, const char *req, const char *id, int code)
 	snprintf(want, sizeof(want), "{\"jsonrpc\":\"2.0\",\"id\":%s,", id);
 	if (strncmp(rbuf, want, strlen(want)) != 0) {
 		fprintf(stderr, "%s: reply '%s' does not start '%s'\n", what, rbuf, want);
-		check_failures++;
+		kvp_test_failures++;
 	}
 	if (code)
 		CHECK_EQ(json_integer_value(json_object_get(json_object_get(r, "error"), "code")),
@@ -258,5 +258,5 @@ main(void)
 	json_decref(id7);
 	json_decref(idabc);
 	json_decref(idnull);
-	return check_result("test_admin");
+	return kvp_test_result("test_admin");
 }

@@ -23,19 +23,10 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "check.h"
+#include "kvp_test.h"
 #include "kvproxy.h"
 
 static char dir[] = "/tmp/kvp-test-client-XXXXXX";
-
-static long
-ms_since(const struct timespec *t0)
-{
-	struct timespec t;
-
-	clock_gettime(CLOCK_MONOTONIC, &t);
-	return (t.tv_sec - t0->tv_sec) * 1000 + (t.tv_nsec - t0->tv_nsec) / 1000000;
-}
 
 static int
 listener(const char *path, int backlog)
@@ -108,14 +99,14 @@ silent_daemon(void)
 	struct kvp_connect_opts o = { .timeout_ms = 300 };
 	struct kvp_client *c = NULL;
 	char err[KVP_ERRMSG_MAX], path[96];
-	struct timespec t0;
+	uint64_t t0;
 	int l, rc;
 
 	snprintf(path, sizeof(path), "%s/silent.sock", dir);
 	l = listener(path, 16);
-	clock_gettime(CLOCK_MONOTONIC, &t0);
+	t0 = kvp_test_now_ms();
 	rc = kvp_connect_ex(path, &o, &c, err, sizeof(err));
-	long ms = ms_since(&t0);
+	long ms = (long)(kvp_test_now_ms() - t0);
 
 	CHECK_EQ(rc, -ETIMEDOUT);
 	CHECK(ms >= 250 && ms < 1500);
@@ -133,7 +124,7 @@ full_backlog(void)
 	struct kvp_client *c = NULL;
 	char err[KVP_ERRMSG_MAX], path[96];
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };
-	struct timespec t0;
+	uint64_t t0;
 	int l, fill[8], nfill = 0, rc;
 
 	snprintf(path, sizeof(path), "%s/full.sock", dir);
@@ -148,9 +139,9 @@ full_backlog(void)
 		}
 	}
 	CHECK(nfill < 8);
-	clock_gettime(CLOCK_MONOTONIC, &t0);
+	t0 = kvp_test_now_ms();
 	rc = kvp_connect_ex(path, &o, &c, err, sizeof(err));
-	long ms = ms_since(&t0);
+	long ms = (long)(kvp_test_now_ms() - t0);
 
 	CHECK_EQ(rc, -ETIMEDOUT);
 	CHECK(ms >= 250 && ms < 1500);
@@ -218,5 +209,5 @@ main(void)
 	refusing_daemon(false);
 	refusing_daemon(true);
 	rmdir(dir);
-	return check_result("test_client_api");
+	return kvp_test_result("test_client_api");
 }

@@ -11,9 +11,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "check.h"
 #include "kvp_config.h"
 #include "kvp_log.h"
+#include "kvp_test.h"
 
 static char path[] = "/tmp/kvp-test-config-XXXXXX";
 
@@ -40,7 +40,7 @@ expect_error(const char *text, int line, const char *what)
 	if (strncmp(err, prefix, strlen(prefix)) != 0 || !strstr(err, what)) {
 		fprintf(stderr, "unexpected error text '%s' (want prefix '%s' and '%s')\n", err,
 			prefix, what);
-		check_failures++;
+		kvp_test_failures++;
 	}
 }
 
@@ -274,5 +274,5 @@ main(int argc, char **argv)
 	CHECK(strstr(err, "/nonexistent/kvp.conf:0:") == err);
 
 	unlink(path);
-	return check_result("test_config");
+	return kvp_test_result("test_config");
 }

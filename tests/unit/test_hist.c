@@ -9,8 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "check.h"
 #include "kvp_worker.h"
+#include "kvp_test.h"
 
 /* Bucket i holds (upper(i-1), upper(i)]. */
 static void
@@ -164,5 +164,5 @@ main(void)
 	test_slowest();
 	CHECK(strcmp(kvp_hphase_name(KVP_HP_WIRE), "wire") == 0);
 	CHECK(strcmp(kvp_hphase_name(KVP_HP_MAX), "?") == 0);
-	return check_result("hist");
+	return kvp_test_result("hist");
 }

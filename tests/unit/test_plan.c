@@ -7,8 +7,8 @@
  */
 #include <string.h>
 
-#include "check.h"
 #include "kvp_worker.h"
+#include "kvp_test.h"
 
 #define MAXP 4096
 
@@ -125,5 +125,5 @@ main(void)
 	segs[1] = seg(&ra, 512, 9, 512, 64, 8, 128, 64);
 	segs[2] = seg(&ra, 2000, 9, 2000, 512, 1, 0, 0);
 	CHECK_EQ(cut(3, 1 << 20, 64, 0), 3);
-	return check_result("test_plan");
+	return kvp_test_result("test_plan");
 }

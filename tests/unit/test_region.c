@@ -6,28 +6,18 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "check.h"
 #include "kvp_region.h"
-
-static int
-make_fd(size_t len)
-{
-	int fd = memfd_create("kvp-test", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-
-	if (fd < 0 || ftruncate(fd, (off_t)len) < 0)
-		return -1;
-	return fd;
-}
+#include "kvp_test.h"
 
 int
 main(void)
 {
 	struct kvp_region_table t;
 	uint64_t k1 = 0, k2 = 0, k3 = 0, k4 = 0;
-	int fd = make_fd(1 << 20);
+	int fd, rc = kvp_test_memfd("kvp-test", 1 << 20, false, &fd, NULL);
 
-	if (fd < 0)
-		return 99;
+	if (rc < 0)
+		kvp_test_setup_failed("memfd: %s", strerror(-rc));
 	CHECK_EQ(kvp_region_table_init(&t, 0), -EINVAL);
 	CHECK_EQ(kvp_region_table_init(&t, 3), 0);
 
@@ -92,5 +82,5 @@ main(void)
 	kvp_region_table_fini(&t);
 	munmap(mine, 1 << 20);
 	close(fd);
-	return check_result("test_region");
+	return kvp_test_result("test_region");
 }

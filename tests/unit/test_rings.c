@@ -38,6 +38,7 @@
 #include <unistd.h>
 
 #include "kvp_rings.h"
+#include "kvp_test.h"
 
 #define PAGE            4096u
 #define WAIT_TIMEOUT_MS 30000
@@ -46,50 +47,11 @@
 #define STRESS_DEFAULT  2000000ull
 #define ESIZE_MAX       KVP_CQE_SIZE
 
-static int failures;
-
-static void __attribute__((format(printf, 3, 4)))
-fail_at(const char *file, int line, const char *fmt, ...)
-{
-	va_list ap;
-
-	fprintf(stderr, "FAIL %s:%d: ", file, line);
-	va_start(ap, fmt);
-	vfprintf(stderr, fmt, ap);
-	va_end(ap);
-	fputc('\n', stderr);
-	failures++;
-}
-
-#define CHECK(c)                                               \
-	do {                                                   \
-		if (!(c))                                      \
-			fail_at(__FILE__, __LINE__, "%s", #c); \
-	} while (0)
-
-#define CHECK_EQ(got, want)                                                                   \
-	do {                                                                                  \
-		long long got_ = (long long)(got), want_ = (long long)(want);                 \
-		if (got_ != want_)                                                            \
-			fail_at(__FILE__, __LINE__, "%s is %lld, want %s (%lld)", #got, got_, \
-				#want, want_);                                                \
-	} while (0)
-
+/* The test's own set-up broke (exit 99), with the errno of the step. */
 static _Noreturn void
 setup_failed(const char *what)
 {
-	fprintf(stderr, "SETUP %s: %s\n", what, strerror(errno));
-	exit(99);
-}
-
-static uint64_t
-splitmix64(uint64_t *s)
-{
-	uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-	return z ^ (z >> 31);
+	kvp_test_setup_failed("%s: %s", what, strerror(errno));
 }
 
 static uint32_t
@@ -117,7 +79,7 @@ entry_fill(uint8_t *e, uint32_t esize, uint64_t seq)
 
 	memcpy(e, &seq, sizeof(seq));
 	for (uint32_t off = ENTRY_HDR; off < esize; off += 8) {
-		uint64_t v = splitmix64(&st);
+		uint64_t v = kvp_test_splitmix64(&st);
 
 		memcpy(e + off, &v, sizeof(v));
 	}
@@ -379,8 +341,8 @@ check_seq(const uint8_t *buf, uint32_t esize, uint64_t first, uint32_t n, int li
 		const char *why = entry_bad(buf + (size_t)i * esize, esize, first + i);
 
 		if (why != NULL) {
-			fail_at(__FILE__, line, "entry %" PRIu64 ": %s (got seq %" PRIu64 ")",
-				first + i, why, entry_seq(buf + (size_t)i * esize));
+			kvp_test_fail(__FILE__, line, "entry %" PRIu64 ": %s (got seq %" PRIu64 ")",
+				      first + i, why, entry_seq(buf + (size_t)i * esize));
 			return;
 		}
 	}
@@ -505,12 +467,12 @@ run_model(struct kvp_ring *p, struct kvp_ring *c, uint32_t start, uint64_t seed,
 	uint32_t size = p->size, esize = p->esize;
 	uint8_t *in = malloc((size_t)(size + 1) * esize), *out = malloc((size_t)(size + 1) * esize);
 	uint64_t pseq = 0, cseq = 0;
-	int before = failures;
+	int before = kvp_test_failures;
 
 	if (in == NULL || out == NULL)
 		setup_failed("malloc");
-	for (unsigned i = 0; i < iters && failures == before; i++) {
-		uint64_t r = splitmix64(&seed);
+	for (unsigned i = 0; i < iters && kvp_test_failures == before; i++) {
+		uint64_t r = kvp_test_splitmix64(&seed);
 		uint32_t n = 1 + (uint32_t)((r >> 8) % (size + 1));
 		uint32_t used = (uint32_t)(pseq - cseq);
 		int rc;
@@ -733,16 +695,17 @@ test_status_str(void)
 		const char *got = kvp_status_str(s);
 
 		if (want[s] == NULL || got == NULL || strcmp(got, want[s]) != 0)
-			fail_at(__FILE__, __LINE__, "kvp_status_str(%d) is \"%s\", want \"%s\"", s,
-				got ? got : "(null)", want[s] ? want[s] : "(test table)");
+			kvp_test_fail(__FILE__, __LINE__,
+				      "kvp_status_str(%d) is \"%s\", want \"%s\"", s,
+				      got ? got : "(null)", want[s] ? want[s] : "(test table)");
 	}
 	for (size_t i = 0; i < sizeof(out_of_range) / sizeof(out_of_range[0]); i++) {
 		const char *got = kvp_status_str(out_of_range[i]);
 
 		if (got == NULL || strcmp(got, "unknown") != 0)
-			fail_at(__FILE__, __LINE__,
-				"kvp_status_str(%d) is \"%s\", want \"unknown\"", out_of_range[i],
-				got ? got : "(null)");
+			kvp_test_fail(__FILE__, __LINE__,
+				      "kvp_status_str(%d) is \"%s\", want \"unknown\"",
+				      out_of_range[i], got ? got : "(null)");
 	}
 }
 
@@ -791,15 +754,6 @@ peer_gone(int fd)
 	return poll(&p, 1, 0) == 1 && (p.revents & (POLLHUP | POLLERR));
 }
 
-static uint64_t
-now_ms(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
-
 /* The ring stayed full: say whether the consumer is asleep on it. */
 static void
 stress_full_stuck(struct stress *s, uint64_t seq)
@@ -826,7 +780,7 @@ stress_produce(void *arg)
 	uint64_t seq = 0;
 
 	while (seq < s->total) {
-		uint32_t n = 1 + (uint32_t)(splitmix64(&s->seed) % STRESS_BULK_MAX);
+		uint32_t n = 1 + (uint32_t)(kvp_test_splitmix64(&s->seed) % STRESS_BULK_MAX);
 		uint64_t deadline = 0;
 		unsigned spins = 0;
 		int rc;
@@ -850,8 +804,8 @@ stress_produce(void *arg)
 					return NULL;
 				/* Later than the consumer's timeout: its report is sharper. */
 				if (deadline == 0)
-					deadline = now_ms() + WAIT_TIMEOUT_MS + 5000;
-				if (peer_gone(s->peer_fd) || now_ms() > deadline) {
+					deadline = kvp_test_now_ms() + WAIT_TIMEOUT_MS + 5000;
+				if (peer_gone(s->peer_fd) || kvp_test_now_ms() > deadline) {
 					stress_full_stuck(s, seq);
 					return NULL;
 				}
@@ -929,7 +883,7 @@ stress_consume(void *arg)
 	uint64_t seq = 0;
 
 	while (seq < s->total) {
-		uint32_t n = 1 + (uint32_t)(splitmix64(&s->seed) % STRESS_BULK_MAX);
+		uint32_t n = 1 + (uint32_t)(kvp_test_splitmix64(&s->seed) % STRESS_BULK_MAX);
 		int rc = kvp_ring_dequeue_burst(s->r, buf, n);
 
 		if (rc < 0 || rc > (int)n) {
@@ -1034,7 +988,7 @@ test_two_process(uint64_t total)
 	int fd = memfd_create("kvp-test-chan", MFD_CLOEXEC);
 	int child_alive[2], parent_alive[2], status;
 	struct kvp_ring sq, cq;
-	uint64_t t0 = now_ms();
+	uint64_t t0 = kvp_test_now_ms();
 	void *mem;
 	pid_t pid;
 
@@ -1091,13 +1045,15 @@ test_two_process(uint64_t total)
 	bool ok = stress_pair(stress_produce, &prod, stress_consume, &cons);
 
 	if (!ok)
-		failures++;
+		kvp_test_failures++;
 	if (waitpid(pid, &status, 0) != pid)
 		setup_failed("waitpid");
 	if (WIFSIGNALED(status))
-		fail_at(__FILE__, __LINE__, "client process killed by signal %d", WTERMSIG(status));
+		kvp_test_fail(__FILE__, __LINE__, "client process killed by signal %d",
+			      WTERMSIG(status));
 	else if (WEXITSTATUS(status) != 0)
-		fail_at(__FILE__, __LINE__, "client process exited with %d", WEXITSTATUS(status));
+		kvp_test_fail(__FILE__, __LINE__, "client process exited with %d",
+			      WEXITSTATUS(status));
 	if (ok) {
 		CHECK_EQ(atomic_load(&((struct kvp_chan_hdr *)mem)->sq.prod), (uint32_t)total);
 		CHECK_EQ(atomic_load(&((struct kvp_chan_hdr *)mem)->cq.cons), (uint32_t)total);
@@ -1105,7 +1061,7 @@ test_two_process(uint64_t total)
 	printf("two-process: %" PRIu64 " entries each way through %u-entry rings in %.2f s\n"
 	       "  daemon: SQ consumer %" PRIu64 " waits; CQ producer %" PRIu64
 	       " doorbells, %" PRIu64 " full spins\n",
-	       total, STRESS_RING, (double)(now_ms() - t0) / 1000, cons.waits, prod.wakes,
+	       total, STRESS_RING, (double)(kvp_test_now_ms() - t0) / 1000, cons.waits, prod.wakes,
 	       prod.full_spins);
 	munmap(mem, len);
 	close(fd);
@@ -1140,13 +1096,8 @@ main(int argc, char **argv)
 	test_reattach_nonempty();
 	test_wakeup_flag();
 	test_status_str();
-	if (failures == 0)
+	if (kvp_test_failures == 0)
 		printf("single-process checks passed\n");
 	test_two_process(total);
-	if (failures != 0) {
-		printf("test_rings: %d failure(s)\n", failures);
-		return 1;
-	}
-	printf("test_rings: all passed\n");
-	return 0;
+	return kvp_test_result("test_rings");
 }

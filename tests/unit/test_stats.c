@@ -18,7 +18,7 @@
 
 #include <jansson.h>
 
-#include "check.h"
+#include "kvp_test.h"
 #include "ctrl_priv.h"
 
 static struct kvp_node node;
@@ -208,7 +208,7 @@ both_forms_agree(json_t *status, json_t *stats)
 
 			if (!v) {
 				fprintf(stderr, "%s.%s: not in the JSON\n", r->sect, r->key);
-				check_failures++;
+				kvp_test_failures++;
 				continue;
 			}
 			if (r->vec != SV_NONE) {
@@ -239,7 +239,7 @@ both_forms_agree(json_t *status, json_t *stats)
 			if (!prom_value(r->prom, r->label, il, &pv)) {
 				fprintf(stderr, "%s: no series%s%s\n", r->prom, il ? " with " : "",
 					il ? il : "");
-				check_failures++;
+				kvp_test_failures++;
 				continue;
 			}
 			if (strcmp(r->key, "uptime_s") == 0)
@@ -247,7 +247,7 @@ both_forms_agree(json_t *status, json_t *stats)
 			if (fabs(json_num(v) / scale - pv) > 1e-6 * (pv > 1 ? pv : 1)) {
 				fprintf(stderr, "%s.%s = %g in JSON, %s = %g\n", r->sect, r->key,
 					json_num(v), r->prom, pv);
-				check_failures++;
+				kvp_test_failures++;
 			}
 		}
 	}
@@ -388,5 +388,5 @@ main(void)
 	json_decref(status);
 	json_decref(stats);
 	without_rdma();
-	return check_result("test_stats");
+	return kvp_test_result("test_stats");
 }

@@ -2,8 +2,8 @@
 /* Frame header validation: every field a peer controls is checked. */
 #include <errno.h>
 
-#include "check.h"
 #include "kvp_wire.h"
+#include "kvp_test.h"
 
 int
 main(void)
@@ -73,5 +73,5 @@ main(void)
 	CHECK_EQ(kvp_wire_check(&h, 0), 0);
 	h.len = 1 << 30;
 	CHECK_EQ(kvp_wire_check(&h, 0), -EMSGSIZE);
-	return check_result("test_wire");
+	return kvp_test_result("test_wire");
 }

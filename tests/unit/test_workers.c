@@ -15,70 +15,20 @@
  * full ring towards the other worker refuse a fence with no-buffers.
  */
 #include <errno.h>
-#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <sys/socket.h>
-#include <sys/un.h>
 #include <unistd.h>
 
-#include <rte_eal.h>
-#include <rte_log.h>
-
-#include "check.h"
 #include "ctrl_priv.h"
+#include "kvp_test.h"
+#include "kvp_test_core.h"
 
 #define MS 1000000ull
 
 static struct kvp_node node;
 static char tmpdir[64];
-static uint32_t busy[2];  /* landings each worker's transport reports for any fence */
-static bool forced[2];	  /* a fence op was called with force on that worker */
-
-/* ---- a transport that moves nothing and reports what the test says ---- */
-
-static int
-stub_create(struct kvp_worker *w, unsigned idx, void **tctx)
-{
-	(void)idx;
-	*tctx = w;
-	return 0;
-}
-
-static void
-stub_destroy(void *tctx)
-{
-	(void)tctx;
-}
-
-static int
-stub_post(void *tctx, struct kvp_xfer *x)
-{
-	(void)tctx;
-	(void)x;
-	return -ENOTCONN;
-}
-
-static int
-stub_progress(void *tctx)
-{
-	(void)tctx;
-	return 0;
-}
-
-static void
-stub_cancel(void *tctx, struct kvp_xfer *x, int status)
-{
-	kvp_worker_xfer_end(tctx, x, status);
-}
-
-static int
-stub_sleep_fd(void *tctx)
-{
-	(void)tctx;
-	return -1;
-}
+static uint32_t busy[2]; /* landings each worker's transport reports for any fence */
+static bool forced[2];	 /* a fence op was called with force on that worker */
 
 /* A forced fence always holds: what a transport does by tearing connections down. */
 static uint32_t
@@ -94,129 +44,44 @@ stub_fence(void *tctx, const struct kvp_fence *f, bool force)
 	return busy[w->idx];
 }
 
-static const struct kvp_transport_ops stub_ops = {
-	.name = "tcp",
-	.caps = KVP_TCAP_HOST_MEM,
-	.create = stub_create,
-	.destroy = stub_destroy,
-	.post = stub_post,
-	.progress = stub_progress,
-	.cancel = stub_cancel,
-	.sleep_fd = stub_sleep_fd,
-	.fence = stub_fence,
-};
+/* The library's stub, whose fence op reports what the test says (set up in setup()). */
+static struct kvp_transport_ops stub_ops;
 
-/* ---- clients over the real client socket ---- */
+/* ---- clients over the real client socket (the test is the daemon too: it pumps) ---- */
 
 struct client {
-	int sock;
+	struct kvp_test_conn conn;
+	struct kvp_ring *sq, *cq;
 	uint32_t id;
-	void *chan;
-	size_t chan_len;
-	struct kvp_ring sq, cq;
 	uint64_t key;
 	int region_fd;
+	void *region;
 };
 
-static int
-call(int sock, struct kvp_ctrl_req *req, int send_fd, struct kvp_ctrl_rep *rep, int *fds,
-     unsigned want)
+static void
+pump(void *arg)
 {
-	union {
-		struct cmsghdr h;
-		char buf[CMSG_SPACE(sizeof(int) * 4)];
-	} u;
-	struct iovec iov = { .iov_base = req, .iov_len = sizeof(*req) };
-	struct msghdr msg = { .msg_iov = &iov, .msg_iovlen = 1 };
-	static uint64_t seq;
-
-	req->magic = KVP_CTRL_MAGIC;
-	req->abi_version = KVP_ABI_VERSION;
-	req->seq = ++seq;
-	if (send_fd >= 0) {
-		memset(&u, 0, sizeof(u));
-		msg.msg_control = u.buf;
-		msg.msg_controllen = CMSG_SPACE(sizeof(int));
-		struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
-		cm->cmsg_level = SOL_SOCKET;
-		cm->cmsg_type = SCM_RIGHTS;
-		cm->cmsg_len = CMSG_LEN(sizeof(int));
-		memcpy(CMSG_DATA(cm), &send_fd, sizeof(int));
-	}
-	if (sendmsg(sock, &msg, MSG_NOSIGNAL) != (ssize_t)sizeof(*req))
-		return -EIO;
-	for (int tries = 0; tries < 200; tries++) {
-		kvp_node_poll(&node, 10);
-		iov = (struct iovec){ .iov_base = rep, .iov_len = sizeof(*rep) };
-		msg = (struct msghdr){ .msg_iov = &iov,
-				       .msg_iovlen = 1,
-				       .msg_control = u.buf,
-				       .msg_controllen = sizeof(u.buf) };
-		ssize_t r = recvmsg(sock, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
-		if (r < 0)
-			continue;
-		if (r != (ssize_t)sizeof(*rep))
-			return -EPROTO;
-		unsigned got = 0;
-		for (struct cmsghdr *cm = CMSG_FIRSTHDR(&msg); cm; cm = CMSG_NXTHDR(&msg, cm)) {
-			unsigned k = (unsigned)((cm->cmsg_len - CMSG_LEN(0)) / sizeof(int));
-
-			for (unsigned i = 0; i < k && got < want; i++, got++)
-				memcpy(&fds[got], CMSG_DATA(cm) + i * sizeof(int), sizeof(int));
-		}
-		return got == want ? rep->err : -EPROTO;
-	}
-	return -ETIMEDOUT;
+	(void)arg;
+	kvp_node_poll(&node, 10);
 }
 
 static void
 client_open(struct client *c)
 {
-	struct sockaddr_un sa = { .sun_family = AF_UNIX };
-	struct kvp_ctrl_req req;
 	struct kvp_ctrl_rep rep;
-	int fds[3];
+	int rc;
 
 	memset(c, 0, sizeof(*c));
-	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", node.cfg.client_socket);
-	c->sock = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	if (c->sock < 0 || connect(c->sock, (struct sockaddr *)&sa, sizeof(sa)) != 0) {
-		perror("connect");
-		exit(99);
-	}
-	kvp_node_poll(&node, 10); /* accept */
-	memset(&req, 0, sizeof(req));
-	req.op = KVP_CTRL_HELLO;
-	req.u.hello.pid = (int32_t)getpid();
-	if (call(c->sock, &req, -1, &rep, fds, 3) != 0) {
-		fprintf(stderr, "HELLO: %s\n", rep.errmsg);
-		exit(99);
-	}
-	c->id = rep.u.hello.client_id;
-	c->chan_len = rep.u.hello.chan_size;
-	c->chan = mmap(NULL, c->chan_len, PROT_READ | PROT_WRITE, MAP_SHARED, fds[0], 0);
-	close(fds[0]);
-	close(fds[1]);
-	close(fds[2]);
-	if (c->chan == MAP_FAILED || kvp_chan_attach(c->chan, c->chan_len, false, &c->sq, &c->cq)) {
-		fprintf(stderr, "channel\n");
-		exit(99);
-	}
-	c->region_fd = memfd_create("test-workers", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-	if (c->region_fd < 0 || ftruncate(c->region_fd, 1 << 20) != 0 ||
-	    fcntl(c->region_fd, F_ADD_SEALS, F_SEAL_SHRINK) != 0) {
-		perror("memfd");
-		exit(99);
-	}
-	memset(&req, 0, sizeof(req));
-	req.op = KVP_CTRL_REG;
-	req.u.reg.len = 1 << 20;
-	req.u.reg.flags = KVP_REGION_HOST;
-	if (call(c->sock, &req, c->region_fd, &rep, NULL, 0) != 0) {
-		fprintf(stderr, "REG: %s\n", rep.errmsg);
-		exit(99);
-	}
-	c->key = rep.u.reg.key;
+	rc = kvp_test_conn_open(&c->conn, node.cfg.client_socket, pump, NULL, &rep);
+	REQUIRE(rc == 0, "HELLO: %d %s", rc, rep.errmsg);
+	c->id = c->conn.id;
+	c->sq = &c->conn.sq;
+	c->cq = &c->conn.cq;
+	REQUIRE(kvp_test_memfd("test-workers", 1 << 20, true, &c->region_fd, &c->region) == 0,
+		"memfd");
+	rc = kvp_test_region_register(&c->conn, c->region_fd, 1 << 20, KVP_REGION_HOST, &c->key,
+				      &rep);
+	REQUIRE(rc == 0, "REG: %d %s", rc, rep.errmsg);
 }
 
 static void
@@ -225,7 +90,7 @@ fence(struct client *c, uint64_t id, uint64_t value, uint64_t mask, uint32_t hol
 	struct kvp_sqe_fence f = { .op = KVP_OP_FENCE, .hold_ms = hold_ms, .fence_id = id,
 				   .value = value, .mask = mask };
 
-	CHECK_EQ(kvp_ring_enqueue_bulk(&c->sq, &f, 1), 1);
+	CHECK_EQ(kvp_ring_enqueue_bulk(c->sq, &f, 1), 1);
 }
 
 /* The next completion of @p c, or kind 0 if there is none. */
@@ -235,7 +100,7 @@ next_cqe(struct client *c)
 	struct kvp_cqe e;
 
 	memset(&e, 0, sizeof(e));
-	if (kvp_ring_dequeue_burst(&c->cq, &e, 1) != 1)
+	if (kvp_ring_dequeue_burst(c->cq, &e, 1) != 1)
 		e.kind = 0;
 	return e;
 }
@@ -263,20 +128,17 @@ run(uint64_t now)
 static void
 setup(void)
 {
-	char *argv[] = { "test_workers", "--no-huge", "--no-shconf", "-m", "128", "--no-pci",
-			 "--no-telemetry", "-l", "0", "--log-level=*:error", NULL };
 	static struct kvp_node_env env;
 	struct kvp_config cfg;
 	char err[256];
 
-	if (rte_eal_init((int)(sizeof(argv) / sizeof(argv[0])) - 1, argv) < 0) {
-		fprintf(stderr, "test_workers: no EAL here\n");
-		exit(77);
-	}
-	kvp_log_init();
+	if (kvp_test_eal_init() < 0)
+		kvp_test_skip("no EAL here");
+	stub_ops = kvp_test_stub_ops;
+	stub_ops.fence = stub_fence;
 	snprintf(tmpdir, sizeof(tmpdir), "/tmp/kvp-workers.XXXXXX");
 	if (!mkdtemp(tmpdir))
-		exit(99);
+		kvp_test_setup_failed("mkdtemp: %s", strerror(errno));
 	kvp_config_defaults(&cfg);
 	snprintf(cfg.node_id, sizeof(cfg.node_id), "unit0");
 	snprintf(cfg.listen_host, sizeof(cfg.listen_host), "127.0.0.1");
@@ -300,10 +162,8 @@ setup(void)
 	env.tps[0] = &stub_ops;
 	env.ntps = 1;
 	env.nworkers = 2;
-	if (kvp_node_init(&node, &cfg, &env, err, sizeof(err)) < 0) {
-		fprintf(stderr, "kvp_node_init: %s\n", err);
-		exit(99);
-	}
+	if (kvp_node_init(&node, &cfg, &env, err, sizeof(err)) < 0)
+		kvp_test_setup_failed("kvp_node_init: %s", err);
 }
 
 int
@@ -433,7 +293,7 @@ main(void)
 	run(t7);
 	CHECK_EQ(W(0)->nfences, 1);
 	CHECK_EQ(next_cqe(&b).kind, KVP_CQE_FENCE);
-	close(b.sock);
+	kvp_test_conn_close(&b.conn);
 	for (int i = 0; i < 20 && W(1)->nchans; i++) {
 		kvp_node_poll(&node, 10);
 		run(t7 + MS);
@@ -449,8 +309,8 @@ main(void)
 	client_open(&c);
 	CHECK_EQ(node.clients[kvp_client_slot(c.id)].worker, 1);
 
-	close(a.sock);
-	close(c.sock);
+	kvp_test_conn_close(&a.conn);
+	kvp_test_conn_close(&c.conn);
 	kvp_node_fini(&node);
 	char p[sizeof(tmpdir) + 16];
 	snprintf(p, sizeof(p), "%s/c.sock.lock", tmpdir);
@@ -458,5 +318,5 @@ main(void)
 	snprintf(p, sizeof(p), "%s/a.sock.lock", tmpdir);
 	unlink(p);
 	rmdir(tmpdir);
-	return check_result("test_workers");
+	return kvp_test_result("test_workers");
 }

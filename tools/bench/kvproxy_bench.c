@@ -26,6 +26,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "kvp_test.h"
 #include "kvproxy.h"
 
 #define DEF_MIN_SEG       4096ull
@@ -34,7 +35,6 @@
 #define DEF_INFLIGHT      8u
 #define DEF_BAD_SIZE      (1ull << 20)
 #define CQ_BATCH          64
-#define VERIFY_CHUNK      (1u << 20)
 #define BAD_USER_ID       1000u
 
 struct opts {
@@ -88,56 +88,14 @@ fail(const char *fmt, ...)
 	fputc('\n', stderr);
 }
 
-static uint64_t
-now_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
 /* ---- deterministic plan and pattern ---- */
 
-static uint64_t
-mix64(uint64_t z)
-{
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-	return z ^ (z >> 31);
-}
-
-/* splitmix64 */
-static uint64_t
-next64(uint64_t *s)
-{
-	return mix64(*s += 0x9e3779b97f4a7c15ull);
-}
-
-/* Uniform in [0, n): integers only, so both sides agree on any machine. */
-static uint64_t
-below(uint64_t *s, uint64_t n)
-{
-	return (uint64_t)(((unsigned __int128)next64(s) * n) >> 64);
-}
-
-/* Source byte at offset o: byte o%8 (little-endian) of mix64(pat ^ o/8). */
-#define PAT_BYTE(pat, o) ((uint8_t)(mix64((pat) ^ ((o) >> 3)) >> (8 * ((o)&7))))
-
-/* Write the source bytes of [off, off+n) into @p buf (any alignment). */
-static void
-fill_pattern(uint64_t pat, uint64_t off, uint8_t *buf, size_t n)
-{
-	for (; n > 0 && (off & 7) != 0; n--, off++)
-		*buf++ = PAT_BYTE(pat, off);
-	for (; n >= 8; n -= 8, off += 8, buf += 8) {
-		uint64_t v = htole64(mix64(pat ^ (off >> 3)));
-
-		memcpy(buf, &v, 8);
-	}
-	for (; n > 0; n--, off++)
-		*buf++ = PAT_BYTE(pat, off);
-}
+/*
+ * The source pattern is the test-helper library's (kvp_test_pattern_fill():
+ * byte o is a function of the plan's pattern key and o), and so are the
+ * plan's numbers (splitmix64, kvp_test_below()): both sides agree on any
+ * machine.
+ */
 
 /*
  * Segment lengths are log-uniform between min_seg and max_seg: a uniform
@@ -148,21 +106,21 @@ fill_pattern(uint64_t pat, uint64_t off, uint8_t *buf, size_t n)
 static void
 plan_build(struct plan *p, const struct opts *o)
 {
-	uint64_t s = mix64(o->seed ^ 0x6b7670726f787931ull);
+	uint64_t s = kvp_test_mix64(o->seed ^ 0x6b7670726f787931ull);
 	uint64_t minr = (o->min_seg + 63) & ~63ull;
 	bool round64 = o->min_seg >= 64 && minr <= o->max_seg;
 	unsigned int lo = 63 - __builtin_clzll(o->min_seg), hi = 63 - __builtin_clzll(o->max_seg);
 	size_t cap = 1024;
 
 	memset(p, 0, sizeof(*p));
-	p->pat = mix64(o->seed ^ 0x5061747465726e21ull);
+	p->pat = kvp_test_mix64(o->seed ^ 0x5061747465726e21ull);
 	p->k = (uint32_t)o->segs_per_xfer;
 	p->segs = malloc(cap * sizeof(*p->segs));
 	if (p->segs == NULL)
 		die("out of memory");
 	for (uint64_t off = 0; off < o->size;) {
-		uint64_t base = 1ull << (lo + below(&s, hi - lo + 1));
-		uint64_t len = base + below(&s, base);
+		uint64_t base = 1ull << (lo + kvp_test_below(&s, hi - lo + 1));
+		uint64_t len = base + kvp_test_below(&s, base);
 
 		len = len < o->min_seg ? o->min_seg : len > o->max_seg ? o->max_seg : len;
 		if (round64)
@@ -183,11 +141,11 @@ plan_build(struct plan *p, const struct opts *o)
 
 	if (perm == NULL)
 		die("out of memory");
-	s = mix64(o->seed ^ 0x53687566666c6521ull);
+	s = kvp_test_mix64(o->seed ^ 0x53687566666c6521ull);
 	for (size_t i = 0; i < p->nseg; i++)
 		perm[i] = i;
 	for (size_t i = p->nseg - 1; i > 0 && !o->linear; i--) {
-		size_t j = (size_t)below(&s, i + 1), t = perm[i];
+		size_t j = (size_t)kvp_test_below(&s, i + 1), t = perm[i];
 
 		perm[i] = perm[j];
 		perm[j] = t;
@@ -248,7 +206,7 @@ side_open(struct side *sd, const struct opts *o, const struct plan *fill)
 		die("allocating %" PRIu64 " bytes: %s", o->size, strerror(-rc));
 	sd->mem = mem;
 	if (fill != NULL)
-		fill_pattern(fill->pat, 0, sd->mem, o->size);
+		kvp_test_pattern_fill(fill->pat, 0, sd->mem, o->size);
 	rc = kvp_region_register(sd->c, sd->fd, 0, o->size, KVP_REGION_HOST, &sd->key);
 	if (rc < 0)
 		die("register region: %s (%s)", strerror(-rc), kvp_last_error(sd->c));
@@ -278,42 +236,27 @@ key_unlink(void)
 static void
 key_write(const char *path, uint64_t key)
 {
-	char tmp[4096];
-	FILE *f;
+	int rc = kvp_test_key_write(path, key);
 
-	if (snprintf(tmp, sizeof(tmp), "%s.tmp", path) >= (int)sizeof(tmp))
+	if (rc == -ENAMETOOLONG)
 		die("key file name too long");
-	f = fopen(tmp, "w");
-	if (f == NULL || fprintf(f, "0x%016llx\n", (unsigned long long)key) < 0 || fclose(f) != 0 ||
-	    rename(tmp, path) != 0)
-		die("writing key file %s: %s", path, strerror(errno));
+	if (rc < 0)
+		die("writing key file %s: %s", path, strerror(-rc));
 	key_written = path;
 	atexit(key_unlink);
 }
 
+/* The key comes from another process with no event to wait on: the file is polled. */
 static uint64_t
 key_read_wait(const char *path, double wait_s)
 {
-	uint64_t deadline = now_ns() + (uint64_t)(wait_s * 1e9);
-	char line[64], *end;
-	FILE *f;
+	uint64_t key = 0;
+	int rc = kvp_test_key_read(path, wait_s, &key);
 
-	/*
-	 * The key comes from another process with no event to wait on, so
-	 * poll the file with short sleeps: this is setup, never the data path.
-	 */
-	while ((f = fopen(path, "r")) == NULL) {
-		if (errno != ENOENT || now_ns() >= deadline)
-			die("key file %s: %s", path,
-			    errno == ENOENT ? "timed out" : strerror(errno));
-		nanosleep(&(struct timespec){ .tv_nsec = 20 * 1000 * 1000 }, NULL);
-	}
-	bool ok = fgets(line, sizeof(line), f) != NULL;
-	uint64_t key = ok ? strtoull(line, &end, 16) : 0;
-
-	fclose(f);
-	if (!ok || end == line || (*end != '\n' && *end != '\0'))
+	if (rc == -EBADMSG)
 		die("key file %s: not a key", path);
+	if (rc < 0)
+		die("key file %s: %s", path, rc == -ETIMEDOUT ? "timed out" : strerror(-rc));
 	return key;
 }
 
@@ -321,7 +264,7 @@ key_read_wait(const char *path, double wait_s)
 static int
 wait_until(struct kvp_client *c, struct kvp_cqe *cqes, uint64_t deadline)
 {
-	uint64_t now = now_ns();
+	uint64_t now = kvp_test_now_ns();
 
 	if (now >= deadline)
 		return 0;
@@ -336,25 +279,18 @@ wait_until(struct kvp_client *c, struct kvp_cqe *cqes, uint64_t deadline)
 /* ---- decode ---- */
 
 static void
-verify_seg(const struct plan *p, const uint8_t *region, const struct seg *s, uint8_t *buf,
-	   uint64_t *mism, uint64_t *first_bad)
+verify_seg(const struct plan *p, const uint8_t *region, const struct seg *s, uint64_t *mism,
+	   uint64_t *first_bad)
 {
-	for (uint64_t done = 0; done < s->len;) {
-		size_t n = s->len - done < VERIFY_CHUNK ? (size_t)(s->len - done) : VERIFY_CHUNK;
-		const uint8_t *d = region + s->dst_off + done;
+	size_t first = 0;
+	uint64_t bad =
+		kvp_test_pattern_check(p->pat, s->src_off, region + s->dst_off, s->len, &first);
 
-		fill_pattern(p->pat, s->src_off + done, buf, n);
-		bool differs = memcmp(d, buf, n) != 0;
-
-		for (size_t i = 0; differs && i < n; i++) {
-			if (d[i] == buf[i])
-				continue;
-			if (*mism == 0 || s->dst_off + done + i < *first_bad)
-				*first_bad = s->dst_off + done + i;
-			(*mism)++;
-		}
-		done += n;
-	}
+	if (bad == 0)
+		return;
+	if (*mism == 0 || s->dst_off + first < *first_bad)
+		*first_bad = s->dst_off + first;
+	*mism += bad;
 }
 
 static uint64_t
@@ -377,17 +313,17 @@ cmd_decode(const struct opts *o, const struct plan *p)
 	struct kvp_cqe cqes[CQ_BATCH];
 	size_t got = 0, first, expect = o->expect_xfers ? o->expect_xfers : p->nxfer;
 	uint64_t bytes = 0, mism = 0, first_bad = 0, want;
-	uint8_t *seen = calloc(p->nxfer, 1), *buf = malloc(VERIFY_CHUNK);
+	uint8_t *seen = calloc(p->nxfer, 1);
 	struct side sd;
 
-	if (seen == NULL || buf == NULL)
+	if (seen == NULL)
 		die("out of memory");
 	if (expect > p->nxfer)
 		die("--expect-xfers %zu is above the plan's %zu transfers", expect, p->nxfer);
 	side_open(&sd, o, NULL);
 	key_write(o->key_file, sd.key);
 
-	uint64_t deadline = now_ns() + (uint64_t)(o->timeout_s * 1e9);
+	uint64_t deadline = kvp_test_now_ns() + (uint64_t)(o->timeout_s * 1e9);
 
 	bool stopped = false;
 
@@ -404,7 +340,7 @@ cmd_decode(const struct opts *o, const struct plan *p)
 			stopped = true;
 			continue;
 		}
-		if (n == 0 && now_ns() >= deadline)
+		if (n == 0 && kvp_test_now_ns() >= deadline)
 			die("timed out: %zu of %zu transfers landed (%" PRIu64
 			    " bytes, %u completions dropped)",
 			    got, expect, bytes, kvp_overflow(sd.c));
@@ -437,7 +373,7 @@ cmd_decode(const struct opts *o, const struct plan *p)
 		uint32_t n = seen[t] ? plan_xfer(p, t, &first, &want, NULL, 0, 0) : 0;
 
 		for (uint32_t i = 0; i < n; i++)
-			verify_seg(p, sd.mem, &p->segs[first + i], buf, &mism, &first_bad);
+			verify_seg(p, sd.mem, &p->segs[first + i], &mism, &first_bad);
 	}
 
 	uint64_t sum = checksum(sd.mem, o->size);
@@ -456,19 +392,10 @@ cmd_decode(const struct opts *o, const struct plan *p)
 		fail("verification failed: %" PRIu64 " bytes differ from the plan", mism);
 	side_close(&sd, o);
 	free(seen);
-	free(buf);
 	return mism == 0 ? 0 : 1;
 }
 
 /* ---- prefill ---- */
-
-static int
-cmp_u64(const void *a, const void *b)
-{
-	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-
-	return x < y ? -1 : x > y;
-}
 
 /* Nearest-rank percentile of a sorted array, in microseconds. */
 static double
@@ -492,7 +419,7 @@ print_prefill(const struct opts *o, size_t nxfer, uint64_t bytes, uint64_t t0, u
 	double gBps = secs > 0 ? (double)bytes / secs / 1e9 : 0;
 	FILE *hf = o->json ? stderr : stdout;
 
-	qsort(lat, nxfer, sizeof(*lat), cmp_u64);
+	kvp_test_sort_u64(lat, nxfer);
 	if (o->json) {
 		printf("{\"xfers\":%zu,\"bytes\":%" PRIu64 ",\"seconds\":%.6f,\"gbps\":%.3f,"
 		       "\"gbytes_per_s\":%.3f,\"status\":{",
@@ -539,7 +466,7 @@ cmd_prefill(const struct opts *o, const struct plan *p)
 
 	/* No completion for this long means stuck, not slow: every transfer has a deadline. */
 	uint64_t stall_ns = ((o->timeout_ms ? o->timeout_ms : 60000) + 30000) * 1000000ull;
-	uint64_t t0 = now_ns(), t_end = t0;
+	uint64_t t0 = kvp_test_now_ns(), t_end = t0;
 
 	while (done < p->nxfer) {
 		while (next < p->nxfer && inflight < o->inflight) {
@@ -548,7 +475,7 @@ cmd_prefill(const struct opts *o, const struct plan *p)
 						   .timeout_ns = o->timeout_ms * 1000000ull };
 			uint32_t n = plan_xfer(p, next, &first, &want, segs, sd.key, dst_key);
 
-			t_sub[next] = now_ns();
+			t_sub[next] = kvp_test_now_ns();
 			rc = kvp_submit(sd.c, &x, segs, n);
 			if (rc == -EAGAIN)
 				break; /* SQ full: completions free it */
@@ -557,8 +484,8 @@ cmd_prefill(const struct opts *o, const struct plan *p)
 			next++;
 			inflight++;
 		}
-		int n = wait_until(sd.c, cqes, now_ns() + 1000000000ull);
-		uint64_t now = now_ns();
+		int n = wait_until(sd.c, cqes, kvp_test_now_ns() + 1000000000ull);
+		uint64_t now = kvp_test_now_ns();
 
 		if (n == 0 && now - t_end > stall_ns)
 			die("stalled: %zu of %zu transfers done, %zu in flight", done, p->nxfer,
@@ -604,13 +531,13 @@ run_one(struct kvp_client *c, uint64_t user_id, uint16_t peer, const struct kvp_
 {
 	struct kvp_xfer_desc x = { .user_id = user_id, .peer = peer };
 	struct kvp_cqe cqes[CQ_BATCH];
-	uint64_t deadline = now_ns() + (uint64_t)(timeout_s * 1e9);
+	uint64_t deadline = kvp_test_now_ns() + (uint64_t)(timeout_s * 1e9);
 	int rc = kvp_submit(c, &x, segs, nseg);
 
 	while (rc == 0) {
 		int n = wait_until(c, cqes, deadline);
 
-		if (n == 0 && now_ns() >= deadline)
+		if (n == 0 && kvp_test_now_ns() >= deadline)
 			return -ETIMEDOUT;
 		for (int i = 0; i < n; i++)
 			if (cqes[i].kind == KVP_CQE_DONE && cqes[i].user_id == user_id)
@@ -744,26 +671,6 @@ usage(FILE *f)
 }
 
 static bool
-parse_u64(const char *s, uint64_t *v)
-{
-	char *end;
-	unsigned long long x;
-
-	errno = 0;
-	x = strtoull(s, &end, 0);
-	if (errno != 0 || end == s || *s == '-')
-		return false;
-	const char *suf = *end ? strchr("kmg", *end | 0x20) : NULL;
-	int shift = suf ? 10 * (int)(suf - "kmg" + 1) : 0;
-
-	end += suf != NULL;
-	if (*end != '\0' || (shift && x > (UINT64_MAX >> shift)))
-		return false;
-	*v = (uint64_t)x << shift;
-	return true;
-}
-
-static bool
 set_opt(struct opts *o, const struct optdef *d, const char *arg)
 {
 	char *field = (char *)o + d->off, *end;
@@ -781,7 +688,7 @@ set_opt(struct opts *o, const struct optdef *d, const char *arg)
 		*(double *)field = sec;
 		return end != arg && *end == '\0' && sec >= 0;
 	case O_U64:
-		return parse_u64(arg, (uint64_t *)field);
+		return kvp_test_parse_u64(arg, (uint64_t *)field) == 0;
 	}
 	return false;
 }

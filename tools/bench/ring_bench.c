@@ -44,6 +44,7 @@
 #include <rte_ring_elem.h>
 
 #include "kvp_rings.h"
+#include "kvp_test.h"
 
 #define RING_SIZE     1024
 #define BURST         32
@@ -91,15 +92,6 @@ struct start_line {
 	_Atomic int bad; /* producer-side failure */
 };
 
-static uint64_t
-now_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
 static void
 pin(int cpu)
 {
@@ -127,7 +119,7 @@ start_go(struct start_line *sl)
 
 	while (!atomic_load_explicit(&sl->ready, memory_order_acquire))
 		rte_pause();
-	t0 = now_ns();
+	t0 = kvp_test_now_ns();
 	atomic_store_explicit(&sl->go, 1, memory_order_release);
 	return t0;
 }
@@ -231,7 +223,7 @@ kvp_run(uint64_t count, uint32_t burst, int cons_cpu, int prod_cpu)
 		for (int i = 0; i < n; i++)
 			errors += d[i].src_key != seq++;
 	}
-	t1 = now_ns();
+	t1 = kvp_test_now_ns();
 	/* The EAL child forked later checks its lcores against this mask. */
 	if (CPU_COUNT(&saved) != 0)
 		sched_setaffinity(0, sizeof(saved), &saved);
@@ -351,7 +343,7 @@ rte_run(uint64_t count, uint32_t burst, bool elem, unsigned int worker)
 	}
 	t0 = start_go(&j.sl);
 	errors = rte_consume(&j);
-	t1 = now_ns();
+	t1 = kvp_test_now_ns();
 	rte_eal_wait_lcore(worker);
 	rte_ring_free(j.r);
 	if (errors != 0) {

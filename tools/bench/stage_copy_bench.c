@@ -24,15 +24,7 @@
 
 #include "kvp_transport.h"
 #include "kvp_cuda.h"
-
-static uint64_t
-now_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
+#include "kvp_test.h"
 
 /* The few driver calls the region needs (lib/cuda has no allocator: clients allocate). */
 static int
@@ -63,7 +55,7 @@ static double
 run(const struct kvp_region *r, uint8_t *pool, uint64_t pool_len, uint64_t buf, uint64_t total,
     uint64_t unit, uint64_t stride, bool to_gpu, unsigned batch)
 {
-	uint64_t t0 = now_ns(), n = total / unit, slot = 0, nslots = pool_len / buf;
+	uint64_t t0 = kvp_test_now_ns(), n = total / unit, slot = 0, nslots = pool_len / buf;
 
 	for (uint64_t i = 0; i < n; i++) {
 		uint64_t off = (i * stride) % (r->len - unit + 1);
@@ -78,7 +70,7 @@ run(const struct kvp_region *r, uint8_t *pool, uint64_t pool_len, uint64_t buf, 
 			exit(1);
 		}
 	}
-	return (double)(n * unit) / ((double)(now_ns() - t0) / 1e9) / 1e9;
+	return (double)(n * unit) / ((double)(kvp_test_now_ns() - t0) / 1e9) / 1e9;
 }
 
 int

@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "ctl.h"
+#include "kvp_rings.h"
 
 bool
 stats_usage(FILE *f, const char *cmd)
@@ -29,10 +30,8 @@ static const char *const order_totals[] = {
 	"tx_bytes",     "rx_bytes",  "xfers_submitted", "xfers_done",
 	"xfers_landed", "frames_tx", "frames_rx",       NULL,
 };
-static const char *const order_completions[] = {
-	"ok",       "invalid", "no-buffers", "timeout", "peer",
-	"canceled", "remote",  "shutdown",   "no-peer", NULL,
-};
+/* Completions by status, in status order: the names are lib/rings' (kvp_status_str()). */
+static const char *order_completions[KVP_STATUS_MAX + 1];
 static const char *const cols_peers[] = {
 	"node_id",  "index",    "addr",     "state",       "epoch",      "tx_bytes",   "rx_bytes",
 	"tx_xfers", "rx_xfers", "connects", "disconnects", "bad_frames", "last_error", NULL,
@@ -68,6 +67,9 @@ static const struct order_map section_orders[] = {
 const char *const *
 section_order(const char *name)
 {
+	if (order_completions[0] == NULL)
+		for (int s = 0; s < KVP_STATUS_MAX; s++)
+			order_completions[s] = kvp_status_str(s);
 	for (const struct order_map *m = section_orders; m->name != NULL; m++)
 		if (strcmp(m->name, name) == 0)
 			return m->order;

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from typing import Any, List, Optional, Sequence, Tuple
 
 from .._client import Completion
-from .._errors import _STATUS_ERRNO, KvproxyError
+from .._errors import KvproxyError
+from .._status import status_errno
 
 log = logging.getLogger("kvproxy.sglang")
 _now = time.monotonic
@@ -105,27 +106,31 @@ class TransferMetric:
     transfer_total_bytes: Optional[int] = None
 
 
-# Typed failure codes beyond kvproxy's transfer statuses, and their errno.
-CODE_ERRNO = dict(_STATUS_ERRNO)
-CODE_ERRNO.update(
-    {
-        "peer-unknown": errno.ENOENT,
-        "layout": errno.EINVAL,
-        "bootstrap-timeout": errno.ETIMEDOUT,
-        "waiting-timeout": errno.ETIMEDOUT,
-        "unreachable": errno.EHOSTUNREACH,
-        "daemon-gone": errno.EPIPE,
-        "aborted": errno.ECANCELED,
-        "aborted-by-decode": errno.ECANCELED,
-        "another-rank": errno.ECANCELED,
-        "rebootstrap": errno.EIO,
-        "memory-released": errno.ESHUTDOWN,
-        "closed": errno.ESHUTDOWN,
-        "protocol": errno.EPROTO,
-        "unsupported": errno.EOPNOTSUPP,
-        "submit": errno.EIO,
-    }
-)
+# Typed failure codes beyond kvproxy's transfer statuses, and their errno
+# (a transfer status's errno is the binding's: status_errno()).
+ADAPTER_CODE_ERRNO = {
+    "peer-unknown": errno.ENOENT,
+    "layout": errno.EINVAL,
+    "bootstrap-timeout": errno.ETIMEDOUT,
+    "waiting-timeout": errno.ETIMEDOUT,
+    "unreachable": errno.EHOSTUNREACH,
+    "daemon-gone": errno.EPIPE,
+    "aborted": errno.ECANCELED,
+    "aborted-by-decode": errno.ECANCELED,
+    "another-rank": errno.ECANCELED,
+    "rebootstrap": errno.EIO,
+    "memory-released": errno.ESHUTDOWN,
+    "closed": errno.ESHUTDOWN,
+    "protocol": errno.EPROTO,
+    "unsupported": errno.EOPNOTSUPP,
+    "submit": errno.EIO,
+}
+
+
+def code_errno(code: str) -> int:
+    """The errno of a failure code: an adapter code's, else a transfer status's (EIO if neither)."""
+    e = ADAPTER_CODE_ERRNO.get(code)
+    return e if e is not None else status_errno(code)
 
 
 class KVTransferError(KvproxyError):
@@ -158,7 +163,7 @@ class KVTransferError(KvproxyError):
 
     def __init__(self, code: str, reason: str, bootstrap_room: int, completion: Optional[Completion] = None,
                  from_prefill: bool = False, is_from_another_rank: bool = False) -> None:
-        super().__init__(CODE_ERRNO.get(code, errno.EIO), f"KV transfer of bootstrap room {bootstrap_room}",
+        super().__init__(code_errno(code), f"KV transfer of bootstrap room {bootstrap_room}",
                          reason=reason, detail=code)
         self.code = code
         self.status_name = code

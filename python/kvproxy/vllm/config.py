@@ -43,6 +43,10 @@ class KvproxyVllmConfig:
         max_segments: segments per transfer; 0: the local kvproxyd's
             ``limits.max_segments``. Both sides' daemons must accept the
             decode side's choice.
+        sq_entries, cq_entries: ring sizes asked of the local kvproxyd
+            (powers of two); 0: its ``limits.sq_entries``/``cq_entries``,
+            which are also the most it grants. A full submission ring only
+            delays a transfer (it is retried as completions come back).
         tp_rank: override of the worker's TP rank (drivers without vLLM's
             parallel state, tests); None: vLLM's.
     """
@@ -57,10 +61,13 @@ class KvproxyVllmConfig:
     max_inflight: int = 16
     max_transfer_bytes: int = 32 << 20
     max_segments: int = 0
+    sq_entries: int = 0
+    cq_entries: int = 0
     tp_rank: Optional[int] = None
 
     _SECONDS = ("lease_s", "transfer_timeout_s", "submit_window_s", "peer_timeout_s")
-    _COUNTS = {"bootstrap_port": 0, "max_inflight": 1, "max_transfer_bytes": 1, "max_segments": 0, "tp_rank": 0}
+    _COUNTS = {"bootstrap_port": 0, "max_inflight": 1, "max_transfer_bytes": 1, "max_segments": 0, "sq_entries": 0,
+               "cq_entries": 0, "tp_rank": 0}
 
     @classmethod
     def from_sources(cls, extra: Optional[Mapping[str, Any]] = None,
@@ -103,6 +110,8 @@ class KvproxyVllmConfig:
                         raise ValueError(f"must be >= {cls._COUNTS[name]}")
                     if name == "bootstrap_port" and value > 65535:
                         raise ValueError("must be a TCP port (<= 65535)")
+                    if name in ("sq_entries", "cq_entries") and value & (value - 1):
+                        raise ValueError("must be 0 or a power of two")
             except (TypeError, ValueError) as e:
                 raise ValueError(f"{where}={raw!r}: {e}") from None
             setattr(cfg, name, value)

@@ -46,21 +46,17 @@ __all__ = ["WorkerSide"]
 
 log = logging.getLogger("kvproxy.vllm")
 
-# Submission ring: room for max_inflight full transfers; the daemon bounds it.
-_SQ_ENTRIES = 32768
-# Landing notices of many small transfers must not overflow the completion ring.
-_CQ_ENTRIES = 4096
-
-
-def _connect(sock: str) -> Client:
+def _connect(sock: str, cfg: KvproxyVllmConfig) -> Client:
+    """A client of the local kvproxyd with the configured rings (0: the daemon's own sizes)."""
     try:
-        return Client(sock, sq_entries=_SQ_ENTRIES, cq_entries=_CQ_ENTRIES)
+        return Client(sock, sq_entries=cfg.sq_entries, cq_entries=cfg.cq_entries)
     except ConnectError as e:
-        if e.errno != errno.EINVAL:
-            raise
-        log.warning("kvproxyd at %s refused %d/%d ring entries (limits.sq_entries/cq_entries); using its "
-                    "defaults", sock, _SQ_ENTRIES, _CQ_ENTRIES)
-        return Client(sock)
+        if e.errno == errno.EINVAL and (cfg.sq_entries or cfg.cq_entries):
+            raise ConnectError(e.errno, "connect", reason=e.reason,
+                               detail=f"kvproxyd at {sock} refused rings of {cfg.sq_entries}/"
+                                      f"{cfg.cq_entries} entries (kvproxy_sq_entries/cq_entries "
+                                      f"may be at most its limits.sq_entries/cq_entries)") from None
+        raise
 
 
 def _kv_heads_of(vllm_config: Any) -> Optional[int]:
@@ -153,7 +149,7 @@ class WorkerSide:
         first = next(iter(kv_caches.values()))
         cuda, device = _device_of(first)
         sock = self.cfg.socket_for(self.tp_rank, self.local_rank, self.dp_rank, device)
-        client = _connect(sock)
+        client = _connect(sock, self.cfg)
         try:
             regions = RegionMap(client, layout.buffers(), gpu_id=device)
         except BaseException:

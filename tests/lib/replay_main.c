@@ -5,6 +5,10 @@
  * command line, or found in a directory named there. A harness invariant
  * aborts, so a failing input fails the test; with -Db_sanitize the
  * sanitizers check the replay too.
+ *
+ * It is the whole of libkvp_test_replay: a harness defines no main, so the
+ * linker takes this one from the archive, as -fsanitize=fuzzer takes
+ * libFuzzer's.
  */
 #include <dirent.h>
 #include <errno.h>
