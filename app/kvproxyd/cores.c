@@ -20,6 +20,18 @@
 #include "kvproxyd.h"
 
 char kvp_cores_why[512] = "EAL arguments";
+bool kvp_cores_dedicated;
+int kvp_cores_ncpus;
+int kvp_cores_dedicated_min;
+
+/*
+ * CPUs beyond the workers' that "auto" needs before a worker counts as
+ * having a core of its own: the main lcore's, and two left for the clients
+ * and the kernel's network work. Fewer, and a spinning worker starves what
+ * it waits for. With one worker that is 4 CPUs (#17's rule); each further
+ * worker needs one more, or N spinning workers would share the spare CPUs.
+ */
+#define DEDICATED_SPARE_CPUS 3
 static char **args; /* the argv we built, freed at exit */
 
 static void
@@ -120,6 +132,9 @@ pick_auto(const struct kvp_config *cfg, unsigned nw, unsigned *main_cpu, unsigne
 
 	if (sched_getaffinity(0, sizeof(set), &set) < 0)
 		return -errno;
+	kvp_cores_ncpus = CPU_COUNT(&set);
+	kvp_cores_dedicated_min = (int)nw + DEDICATED_SPARE_CPUS;
+	kvp_cores_dedicated = kvp_cores_ncpus >= kvp_cores_dedicated_min;
 	local_cpus(cfg, list, sizeof(list), what, sizeof(what));
 	for (int pass = 0; pass < 2; pass++)
 		for (unsigned c = 0; c < CPU_SETSIZE; c++)

@@ -3,8 +3,16 @@
 #ifndef KVPROXYD_H
 #define KVPROXYD_H
 
+#include <stdbool.h>
+
 /** Why the lcores run where they do ("auto: ...", "configured: ...", "EAL arguments"). */
 extern char kvp_cores_why[512];
+/** cores = "auto" found cores to spare: the workers may poll without sleeping (poll.busy). */
+extern bool kvp_cores_dedicated;
+/** CPUs "auto" wanted for that: the workers' count + 3 (0: not looked). */
+extern int kvp_cores_dedicated_min;
+/** CPUs in the process's affinity, as cores = "auto" found them (0: not looked). */
+extern int kvp_cores_ncpus;
 
 /**
  * Before rte_eal_init(): with cores = "auto" or "MAIN,WORKER" in the

@@ -7,6 +7,7 @@
  */
 #include <errno.h>
 #include <poll.h>
+#include <sched.h>
 
 #include <rte_pause.h>
 
@@ -62,7 +63,9 @@ kvp_worker_loop(void *arg)
 		} else {
 			KVP_STAT_ADD(w->stats.idle_ns, now - prev);
 			/* Runtime knobs (config_set): relaxed loads of the main lcore's stores. */
-			if (!KVP_STAT_READ(w->cfg->busy_poll) &&
+			bool busy = KVP_STAT_READ(w->cfg->busy_poll);
+
+			if (!busy &&
 			    now - idle_since >= (uint64_t)KVP_STAT_READ(w->cfg->idle_us) * 1000) {
 				worker_sleep(w);
 				/*
@@ -73,8 +76,17 @@ kvp_worker_loop(void *arg)
 
 				KVP_STAT_ADD(w->stats.idle_ns, woke - now);
 				now = woke;
-			} else {
+			} else if (busy) {
 				rte_pause();
+			} else {
+				/*
+				 * The spin before sleeping gives way to whatever is
+				 * runnable here: on a shared CPU that is often the
+				 * very thread that must answer (a client reading
+				 * its completion, the peer's worker), which a spin
+				 * would hold off for poll.idle_us.
+				 */
+				sched_yield();
 			}
 		}
 		prev = now;

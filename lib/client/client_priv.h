@@ -41,6 +41,7 @@ struct kvp_client {
 	/* A timeout left half a message on the socket: request/reply framing is lost. */
 	bool ctrl_broken;
 	int ctrl_timeout_ms; /* -1: no bound */
+	uint32_t wait_spin_us; /* kvp_wait() polls this long before it blocks */
 	/* Last liveness check of the submit thread and of the completion thread. */
 	uint64_t sq_check_ns;
 	uint64_t cq_check_ns;

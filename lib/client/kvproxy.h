@@ -139,6 +139,22 @@ int kvp_connect_ex(const char *sock_path, const struct kvp_connect_opts *opts,
  */
 int kvp_set_ctrl_timeout(struct kvp_client *c, int timeout_ms);
 
+/** Default of kvp_set_wait_spin(), unless $KVPROXY_WAIT_SPIN_US says otherwise at connect. */
+#define KVP_WAIT_SPIN_US 50
+
+/**
+ * Let kvp_wait() look at the completion ring for up to @p us microseconds
+ * (yielding the CPU between looks) before it blocks until the daemon wakes
+ * it: a completion that comes that soon costs no wake-up, which on a host
+ * whose CPUs are busy or virtual can cost tens of microseconds. The
+ * environment variable KVPROXY_WAIT_SPIN_US (0 to 1000000) sets the value
+ * each new client starts with.
+ *
+ * @param us  0: block at once
+ * @return 0; -EINVAL (NULL client, us above 1000000)
+ */
+int kvp_set_wait_spin(struct kvp_client *c, uint32_t us);
+
 /** Disconnect; the daemon reclaims the channel, regions and in-flight transfers. */
 void kvp_close(struct kvp_client *c);
 
@@ -272,7 +288,8 @@ int kvp_poll(struct kvp_client *c, struct kvp_cqe *out, uint32_t max);
 
 /**
  * Like kvp_poll(), but block up to @p timeout_ms (-1 = forever) for at
- * least one completion.
+ * least one completion; it first polls for up to the client's wait spin
+ * (kvp_set_wait_spin()) within that bound.
  *
  * @return completions copied; 0 on timeout; -EPIPE if the daemon went away;
  *   -EINVAL (NULL client or @p out, max 0); -EPROTO

@@ -11,13 +11,36 @@
 #include "kvp_transport.h"
 #include "worker_priv.h"
 
+/*
+ * The client is woken once the worker's current pass has handed its own
+ * work to the kernel (worker_flush_notify()): on the receiving side the
+ * ACK then leaves before the eventfd write, which can cost an IPI, and
+ * several completions of one pass cost one wake-up.
+ */
 void
 chan_notify(struct kvp_chan *ch)
 {
+	if (ch->notify_owed || !ch->w)
+		return;
+	ch->notify_owed = true;
+	ch->notify_next = ch->w->notify;
+	ch->w->notify = ch;
+}
+
+void
+worker_flush_notify(struct kvp_worker *w)
+{
 	uint64_t one = 1;
 
-	if (kvp_ring_wakeup_needed(&ch->cq) && write(ch->notify_fd, &one, sizeof(one)) < 0) {
-		/* EAGAIN: the counter is saturated, the client is awake anyway. */
+	while (w->notify) {
+		struct kvp_chan *ch = w->notify;
+
+		w->notify = ch->notify_next;
+		ch->notify_next = NULL;
+		ch->notify_owed = false;
+		if (kvp_ring_wakeup_needed(&ch->cq) && write(ch->notify_fd, &one, sizeof(one)) < 0) {
+			/* EAGAIN: the counter is saturated, the client is awake anyway. */
+		}
 	}
 }
 

@@ -62,6 +62,7 @@ const struct conf_row config_rows[] = {
 	U32("tcp.connections", tcp_conns, 1, KVP_TCP_CONNS_MAX, 2),
 	{ "tcp.zerocopy", CT_BOOL, F(tcp_zerocopy), 0, 0, 0, NULL, 0 },
 	{ "tcp.fixed_buffers", CT_BOOL, F(tcp_fixed), 0, 0, 1, NULL, 0 },
+	STR("tcp.congestion", tcp_congestion, ""),
 	U32("stage.pool", stage_pool, 65536, 1u << 31, 64u << 20),
 	U32("stage.buffer", stage_buf, 4096, 1u << 28, 1u << 20),
 	{ "stage.host", CT_BOOL, F(stage_host), 0, 0, 0, NULL, 0 },
@@ -467,6 +468,8 @@ walk(struct kvp_config *cfg, config_setting_t *grp, const char *prefix, struct e
 			e->secret_file = s;
 		else if (strcmp(path, "listen") == 0)
 			e->listen = s;
+		else if (strcmp(path, "poll.busy") == 0)
+			cfg->busy_poll_set = true;
 	}
 	return 0;
 }

@@ -78,6 +78,7 @@ struct kvp_config {
 	uint32_t fence_hold_ms;	   /**< a fence refuses matching transfers this long by default */
 
 	bool busy_poll;
+	bool busy_poll_set; /**< poll.busy was given in the file (else cores = "auto" may choose it) */
 	uint32_t idle_us;
 
 	uint32_t tcp_frame_max;
@@ -87,6 +88,7 @@ struct kvp_config {
 	uint32_t tcp_conns;	/**< TCP connections per worker, peer and direction (links) */
 	bool tcp_zerocopy;	/**< IORING_OP_SENDMSG_ZC instead of copying sends */
 	bool tcp_fixed;		/**< receive buffers as io_uring registered buffers (read_fixed) */
+	char tcp_congestion[16];   /**< TCP congestion control of peer links; "" = the system's */
 	uint32_t stage_pool;	/**< bytes of staging buffers per worker */
 	uint32_t stage_buf;	/**< bytes per staging buffer */
 	bool stage_host;	/**< stage host regions too (no zero-copy) */

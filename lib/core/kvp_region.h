@@ -8,7 +8,10 @@
  *
  * Threading: the table is written only on the main lcore; worker lcores
  * read regions through kvp_region_get()/put(), which is safe against
- * concurrent removal (refcount + state re-check).
+ * concurrent removal (refcount + state re-check). The slow steps of adding
+ * and removing a region (kvp_region_map_host(), kvp_region_import_gpu(),
+ * kvp_region_release()) may run on any thread, on a slot the main lcore
+ * made BUSY for them; the main lcore publishes or frees it afterwards.
  *
  * Memory: the table is sized from the configuration at start-up.
  */
@@ -26,6 +29,7 @@ enum kvp_region_state {
 	KVP_REGION_FREE = 0,
 	KVP_REGION_ACTIVE,
 	KVP_REGION_DEAD, /**< removed; unmapped once refs drops to 0 */
+	KVP_REGION_BUSY, /**< being mapped, or unmapped (a helper owns its fields); never looked up */
 };
 
 struct kvp_region {
@@ -161,8 +165,11 @@ int kvp_copy_from_host(const struct kvp_region *r, uint64_t off, uint64_t pitch,
 
 struct kvp_region_table {
 	uint32_t size;
-	uint32_t used;
+	uint32_t used; /**< regions published and not yet removed */
 	struct kvp_region *slots;
+	/** Where slot releases go (NULL: run at once); see kvp_region_table_defer(). */
+	void (*defer)(void *arg, uint32_t slot);
+	void *defer_arg;
 };
 
 /**
@@ -176,7 +183,59 @@ int kvp_region_table_init(struct kvp_region_table *t, uint32_t max);
 void kvp_region_table_fini(struct kvp_region_table *t);
 
 /**
- * Map [off, off+len) of @p fd and publish it under a new random key (main lcore).
+ * From now on a removed region's slot is handed to @p defer (main lcore)
+ * instead of being unmapped at once: it calls kvp_region_release() (any
+ * thread) and then kvp_region_free() (main lcore). Removal returns at once;
+ * the slot stays BUSY until then.
+ */
+void kvp_region_table_defer(struct kvp_region_table *t, void (*defer)(void *arg, uint32_t slot),
+			    void *arg);
+
+/**
+ * Take a free slot for a region of @p owner, BUSY until published or freed (main lcore).
+ *
+ * @return the slot; -ENOSPC (table full)
+ */
+int kvp_region_reserve(struct kvp_region_table *t, uint32_t owner);
+
+/**
+ * Map [off, off+len) of @p fd (populated) into reserved @p slot and run the
+ * registration hooks (any thread; the slow part of kvp_region_add()).
+ *
+ * @return 0; -EINVAL, -EPERM, -ENOMEM as kvp_region_add()
+ */
+int kvp_region_map_host(struct kvp_region_table *t, uint32_t slot, int fd, uint64_t off,
+			uint64_t len, uint32_t flags);
+
+/**
+ * Import a client's GPU allocation through kvp_memops->import() into
+ * reserved @p slot and run the registration hooks (any thread).
+ *
+ * @return 0; import()'s error with @p why
+ */
+int kvp_region_import_gpu(struct kvp_region_table *t, uint32_t slot, uint32_t kind, int device,
+			  int fd, const uint8_t ipc[64], uint64_t offset, uint64_t len, char *why,
+			  size_t whylen);
+
+/** GPU memory import() mapped goes into reserved @p slot, hooks run (any thread). */
+void kvp_region_set_gpu(struct kvp_region_table *t, uint32_t slot, uint64_t dptr, uint64_t len,
+			int device, void *cookie);
+
+/** Give reserved, mapped @p slot a new random key and make it visible (main lcore). */
+void kvp_region_publish(struct kvp_region_table *t, uint32_t slot, uint64_t *key);
+
+/** Give up reserved @p slot (never published), releasing what was mapped into it (main lcore). */
+void kvp_region_discard(struct kvp_region_table *t, uint32_t slot);
+
+/** Undo what map/import put into BUSY @p slot: hooks' on_remove, unmap (any thread). */
+void kvp_region_release(struct kvp_region_table *t, uint32_t slot);
+
+/** BUSY @p slot, released, becomes free (main lcore). */
+void kvp_region_free(struct kvp_region_table *t, uint32_t slot);
+
+/**
+ * Map [off, off+len) of @p fd and publish it under a new random key (main
+ * lcore, at once: reserve, map, publish).
  *
  * @return 0; -EINVAL (empty or overflowing range, fd not mappable);
  *   -EPERM (fd not sealed against shrinking: F_SEAL_SHRINK); -ENOSPC

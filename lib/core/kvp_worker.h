@@ -177,6 +177,7 @@ struct kvp_xfer {
 	uint8_t t_state;
 	uint16_t t_conn; /**< the connection that carries it */
 	bool t_acked;	 /**< the receiver acknowledged its last frame */
+	bool waited;	 /**< counted in its client's waited (a slot or a staging buffer) */
 };
 
 static inline uint64_t
@@ -316,6 +317,18 @@ struct kvp_xmsg {
 
 static_assert(sizeof(struct kvp_xmsg) == 64, "one cache line per cross-worker message");
 
+/**
+ * Admission counts of one client (its worker writes, the main lcore reads
+ * relaxed): transfers given a slot, those that had to wait for a slot or a
+ * staging buffer first, and those refused with "no-buffers" after waiting
+ * limits.admission_ms.
+ */
+struct kvp_chan_stats {
+	uint64_t admitted;
+	uint64_t waited;
+	uint64_t refused;
+};
+
 /** A connected client as its worker sees it. */
 struct kvp_chan {
 	uint32_t id; /**< client id (slot | generation << 16) */
@@ -331,6 +344,13 @@ struct kvp_chan {
 	char broken_why[128]; /**< which index or entry was impossible, with its value */
 	struct kvp_xfer *backlog_head;
 	struct kvp_xfer *backlog_tail;
+	/* Worker-owned from CHAN_ADD on: */
+	struct kvp_worker *w;	      /**< the worker polling it */
+	uint32_t act_idx;	      /**< its place in w->act */
+	bool head_waited;	      /**< the transfer at the SQ head has been counted as waiting */
+	bool notify_owed;	      /**< a completion was posted; the eventfd is rung after the pass */
+	struct kvp_chan *notify_next; /**< w->notify list */
+	struct kvp_chan_stats stats;
 };
 
 /** Transports a worker may run, in the order it offers them each transfer. */
@@ -418,6 +438,9 @@ struct kvp_worker {
 	struct kvp_chan **chans; /**< by client slot */
 	uint32_t nchans;
 	uint32_t chan_slots;
+	struct kvp_chan **act;	  /**< the nchans channels, densely: admission turns go round it */
+	uint32_t rr;		  /**< the act[] index whose turn is next */
+	struct kvp_chan *notify;  /**< channels whose eventfd is owed a ring */
 	uint8_t peer_links[KVP_PEERS_MAX]; /**< outgoing connections up per peer */
 
 	uint64_t next_timer_ns;
@@ -529,6 +552,21 @@ kvp_worker_fenced(struct kvp_worker *w, uint32_t owner, uint64_t user_id, uint64
 		  unsigned xfers)
 {
 	return w->nfences && kvp_worker_fence_drop(w, owner, user_id, bytes, xfers);
+}
+
+/**
+ * Transport callback: transfer @p x waits for a resource the transport
+ * shares among the worker's clients (staging buffers). Counted once per
+ * transfer in its client's "waited".
+ */
+static inline void
+kvp_worker_xfer_waited(struct kvp_xfer *x)
+{
+	if (x->waited)
+		return;
+	x->waited = true;
+	if (x->chan)
+		KVP_STAT_ADD(x->chan->stats.waited, 1);
 }
 
 /** Transport callback: a transfer has ended (acked or failed). */

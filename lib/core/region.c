@@ -6,9 +6,17 @@
  * once no reference is left. The state is re-checked after taking the
  * reference (seq_cst on both sides), so a worker never uses a mapping that
  * the main lcore has decided to unmap.
+ *
+ * The slow steps (mapping and populating, GPU import, the transports'
+ * registration hooks, unmapping) work on a slot the main lcore has made
+ * BUSY: any thread may run them, the main lcore publishes or frees the
+ * slot afterwards. The hooks and GPU imports are serialised (the
+ * transports and the CUDA driver keep per-process state); mmap and munmap
+ * are not.
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -21,6 +29,13 @@
 
 #define SLOT_BITS 16
 #define SLOT_MASK ((1u << SLOT_BITS) - 1)
+/*
+ * Populating and unmapping go in pieces of this size: each holds the
+ * process's mmap lock only that long, so the other threads' mmap/munmap
+ * (a client's channel, a reply buffer) wait milliseconds, not the seconds
+ * a many-GiB region takes (measured: MAP_POPULATE of 2 GiB held it 1.3 s).
+ */
+#define MAP_PIECE (32ull << 20)
 
 int
 kvp_region_table_init(struct kvp_region_table *t, uint32_t max)
@@ -37,30 +52,96 @@ kvp_region_table_init(struct kvp_region_table *t, uint32_t max)
 
 const struct kvp_region_hooks *kvp_region_hooks;
 
-static void
-unmap_slot(struct kvp_region_table *t, struct kvp_region *r)
+/* The hooks and GPU imports/releases: one at a time, whichever thread runs them. */
+static pthread_mutex_t slow_lock = PTHREAD_MUTEX_INITIALIZER;
+
+void
+kvp_region_release(struct kvp_region_table *t, uint32_t slot)
 {
+	struct kvp_region *r = &t->slots[slot];
+
+	pthread_mutex_lock(&slow_lock);
 	if (kvp_region_hooks && r->xp)
-		kvp_region_hooks->on_remove(kvp_region_hooks->arg, r, (uint32_t)(r - t->slots));
+		kvp_region_hooks->on_remove(kvp_region_hooks->arg, r, slot);
 	r->xp = NULL;
-	if (r->flags & KVP_REGION_F_GPU)
+	if ((r->flags & KVP_REGION_F_GPU) && r->cookie)
 		kvp_memops->release(r->cookie);
-	else
-		munmap(r->map, r->map_len);
+	pthread_mutex_unlock(&slow_lock);
+	if (!(r->flags & KVP_REGION_F_GPU) && r->map) {
+		/* From the end, piece by piece (see MAP_PIECE). */
+		size_t left = r->map_len;
+
+		while (left > MAP_PIECE) {
+			left -= MAP_PIECE;
+			munmap((uint8_t *)r->map + left, MAP_PIECE);
+		}
+		munmap(r->map, left);
+	}
 	r->cookie = NULL;
 	r->map = NULL;
 	r->base = NULL;
+	r->flags = 0;
+}
+
+void
+kvp_region_free(struct kvp_region_table *t, uint32_t slot)
+{
+	struct kvp_region *r = &t->slots[slot];
+
 	atomic_store(&r->key, 0);
 	atomic_store(&r->state, KVP_REGION_FREE);
+}
+
+void
+kvp_region_table_defer(struct kvp_region_table *t, void (*defer)(void *arg, uint32_t slot),
+		       void *arg)
+{
+	t->defer = defer;
+	t->defer_arg = arg;
+}
+
+/*
+ * Take @p r out of use (a published region has left the count already):
+ * BUSY until its release has run, here or where the table defers it to.
+ */
+static void
+retire_slot(struct kvp_region_table *t, struct kvp_region *r)
+{
+	uint32_t slot = (uint32_t)(r - t->slots);
+
+	atomic_store(&r->key, 0);
+	atomic_store(&r->state, KVP_REGION_BUSY);
+	if (t->defer) {
+		t->defer(t->defer_arg, slot);
+		return;
+	}
+	kvp_region_release(t, slot);
+	kvp_region_free(t, slot);
+}
+
+static void
+unmap_slot(struct kvp_region_table *t, struct kvp_region *r)
+{
 	t->used--;
+	retire_slot(t, r);
+}
+
+void
+kvp_region_discard(struct kvp_region_table *t, uint32_t slot)
+{
+	retire_slot(t, &t->slots[slot]);
 }
 
 void
 kvp_region_table_fini(struct kvp_region_table *t)
 {
-	for (uint32_t i = 0; i < t->size; i++)
-		if (atomic_load(&t->slots[i].state) != KVP_REGION_FREE)
-			unmap_slot(t, &t->slots[i]);
+	for (uint32_t i = 0; i < t->size; i++) {
+		if (atomic_load(&t->slots[i].state) == KVP_REGION_FREE)
+			continue;
+		/* Whatever was still mapped, or waiting for a release that will not run now. */
+		kvp_region_release(t, i);
+		kvp_region_free(t, i);
+	}
 	free(t->slots);
 	t->slots = NULL;
 }
@@ -88,34 +169,47 @@ free_slot(struct kvp_region_table *t, uint32_t *idx)
 	return NULL;
 }
 
-/* Give r a fresh random key and make it visible to the workers. */
-static void
-publish(struct kvp_region_table *t, struct kvp_region *r, uint32_t i, uint64_t *key)
+int
+kvp_region_reserve(struct kvp_region_table *t, uint32_t owner)
 {
-	uint64_t k;
+	uint32_t i;
+	struct kvp_region *r = free_slot(t, &i);
 
-	atomic_store(&r->refs, 0);
-	do {
-		k = (random_tag() << SLOT_BITS) | i;
-	} while (k == 0);
-	atomic_store(&r->key, k);
+	if (!r)
+		return -ENOSPC;
+	r->map = NULL;
+	r->map_len = 0;
+	r->base = NULL;
+	r->len = 0;
+	r->owner = owner;
+	r->flags = 0;
+	r->device = -1;
+	r->cookie = NULL;
 	r->xp = NULL;
-	if (kvp_region_hooks)
-		kvp_region_hooks->on_add(kvp_region_hooks->arg, r, i);
-	/* Publish last: a worker that sees ACTIVE sees every field set before. */
-	atomic_store(&r->state, KVP_REGION_ACTIVE);
-	t->used++;
-	*key = k;
+	r->fd = -1;
+	atomic_store(&r->refs, 0);
+	atomic_store(&r->state, KVP_REGION_BUSY);
+	return (int)i;
+}
+
+/* The transports register the region (a BUSY slot) once, now. */
+static void
+run_add_hooks(struct kvp_region *r, uint32_t slot)
+{
+	if (!kvp_region_hooks)
+		return;
+	pthread_mutex_lock(&slow_lock);
+	kvp_region_hooks->on_add(kvp_region_hooks->arg, r, slot);
+	pthread_mutex_unlock(&slow_lock);
 }
 
 int
-kvp_region_add(struct kvp_region_table *t, uint32_t owner, int fd, uint64_t off, uint64_t len,
-	       uint32_t flags, uint64_t *key)
+kvp_region_map_host(struct kvp_region_table *t, uint32_t slot, int fd, uint64_t off, uint64_t len,
+		    uint32_t flags)
 {
+	struct kvp_region *r = &t->slots[slot];
 	long page = sysconf(_SC_PAGESIZE);
 	struct stat st;
-	struct kvp_region *r;
-	uint32_t i;
 
 	if (len == 0 || off + len < off || (flags & ~KVP_REGION_F_STAGE) != KVP_REGION_HOST)
 		return -EINVAL;
@@ -128,29 +222,108 @@ kvp_region_add(struct kvp_region_table *t, uint32_t owner, int fd, uint64_t off,
 	/* A mapping past EOF would SIGBUS on the first access: refuse it here. */
 	if (S_ISREG(st.st_mode) && off + len > (uint64_t)st.st_size)
 		return -EINVAL;
-	r = free_slot(t, &i);
-	if (!r)
-		return -ENOSPC;
 	uint64_t map_off = off & ~((uint64_t)page - 1);
 	size_t map_len = (size_t)(off + len - map_off);
-	/* Populate now: page faults belong to registration, not to the data path. */
-	void *m = mmap(NULL, map_len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd,
-		       (off_t)map_off);
+	void *m = mmap(NULL, map_len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, (off_t)map_off);
 
 	if (m == MAP_FAILED)
 		return errno == ENOMEM ? -ENOMEM : -EINVAL;
+	/*
+	 * Populate now: page faults belong to registration, not to the data
+	 * path. In pieces (MAP_PIECE); a kernel without MADV_POPULATE_WRITE
+	 * (before 5.14) maps again with MAP_POPULATE instead.
+	 */
+	for (size_t done = 0; done < map_len; done += MAP_PIECE) {
+		size_t n = map_len - done < MAP_PIECE ? map_len - done : MAP_PIECE;
+
+		if (madvise((uint8_t *)m + done, n, MADV_POPULATE_WRITE) == 0)
+			continue;
+		int e = errno;
+
+		munmap(m, map_len);
+		if (e != EINVAL)
+			return e == ENOMEM ? -ENOMEM : -EINVAL;
+		m = mmap(NULL, map_len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd,
+			 (off_t)map_off);
+		if (m == MAP_FAILED)
+			return errno == ENOMEM ? -ENOMEM : -EINVAL;
+		break;
+	}
 	r->map = m;
 	r->map_len = map_len;
 	r->base = (uint8_t *)m + (off - map_off);
 	r->len = len;
-	r->owner = owner;
 	r->flags = flags;
-	r->device = -1;
-	r->cookie = NULL;
 	r->fd = fd;
 	r->fd_off = map_off;
-	publish(t, r, i, key);
+	run_add_hooks(r, slot);
 	r->fd = -1;
+	return 0;
+}
+
+int
+kvp_region_import_gpu(struct kvp_region_table *t, uint32_t slot, uint32_t kind, int device,
+		      int fd, const uint8_t ipc[64], uint64_t offset, uint64_t len, char *why,
+		      size_t whylen)
+{
+	uint64_t dptr = 0;
+	void *cookie = NULL;
+
+	pthread_mutex_lock(&slow_lock);
+	int rc = kvp_memops->import(kind, device, fd, ipc, offset, len, &dptr, &cookie, why,
+				    whylen);
+	pthread_mutex_unlock(&slow_lock);
+	if (rc < 0)
+		return rc;
+	kvp_region_set_gpu(t, slot, dptr, len, device, cookie);
+	return 0;
+}
+
+void
+kvp_region_set_gpu(struct kvp_region_table *t, uint32_t slot, uint64_t dptr, uint64_t len,
+		   int device, void *cookie)
+{
+	struct kvp_region *r = &t->slots[slot];
+
+	r->base = (uint8_t *)(uintptr_t)dptr;
+	r->len = len;
+	r->flags = KVP_REGION_F_GPU | KVP_REGION_F_STAGE;
+	r->device = device;
+	r->cookie = cookie;
+	run_add_hooks(r, slot);
+}
+
+void
+kvp_region_publish(struct kvp_region_table *t, uint32_t slot, uint64_t *key)
+{
+	struct kvp_region *r = &t->slots[slot];
+	uint64_t k;
+
+	atomic_store(&r->refs, 0);
+	do {
+		k = (random_tag() << SLOT_BITS) | slot;
+	} while (k == 0);
+	atomic_store(&r->key, k);
+	/* Publish last: a worker that sees ACTIVE sees every field set before. */
+	atomic_store(&r->state, KVP_REGION_ACTIVE);
+	t->used++;
+	*key = k;
+}
+
+int
+kvp_region_add(struct kvp_region_table *t, uint32_t owner, int fd, uint64_t off, uint64_t len,
+	       uint32_t flags, uint64_t *key)
+{
+	int slot = kvp_region_reserve(t, owner);
+
+	if (slot < 0)
+		return slot;
+	int rc = kvp_region_map_host(t, (uint32_t)slot, fd, off, len, flags);
+	if (rc < 0) {
+		kvp_region_free(t, (uint32_t)slot);
+		return rc;
+	}
+	kvp_region_publish(t, (uint32_t)slot, key);
 	return 0;
 }
 
@@ -158,21 +331,12 @@ int
 kvp_region_add_gpu(struct kvp_region_table *t, uint32_t owner, uint64_t dptr, uint64_t len,
 		   int device, void *cookie, uint64_t *key)
 {
-	uint32_t i;
-	struct kvp_region *r = free_slot(t, &i);
+	int slot = kvp_region_reserve(t, owner);
 
-	if (!r)
-		return -ENOSPC;
-	r->map = NULL;
-	r->map_len = 0;
-	r->base = (uint8_t *)(uintptr_t)dptr;
-	r->len = len;
-	r->owner = owner;
-	r->flags = KVP_REGION_F_GPU | KVP_REGION_F_STAGE;
-	r->device = device;
-	r->cookie = cookie;
-	r->fd = -1;
-	publish(t, r, i, key);
+	if (slot < 0)
+		return slot;
+	kvp_region_set_gpu(t, (uint32_t)slot, dptr, len, device, cookie);
+	kvp_region_publish(t, (uint32_t)slot, key);
 	return 0;
 }
 

@@ -102,6 +102,8 @@ kvp_worker_progress(struct kvp_worker *w)
 
 	for (unsigned i = 0; i < w->ntp; i++)
 		work += w->tp[i].ops->progress(w->tp[i].tctx);
+	/* After the transports submitted their work (the receiver's ACKs leave first). */
+	worker_flush_notify(w);
 	return work;
 }
 

@@ -3,8 +3,15 @@
  * Submissions: read a client's SQ, check each descriptor (copied out of the
  * shared ring first), admit transfers into the worker's slot table (the ring
  * is the admission queue; its head waits only limits.admission_timeout_ms),
- * refuse while draining, and hand admitted transfers to the transports. The
- * worker's lcore only; nothing allocates.
+ * refuse while draining, and hand admitted transfers to the transports.
+ *
+ * Fairness: the worker's clients take turns for slots, one transfer per
+ * turn, round the worker's channel list from where the last turn ended, so
+ * a client with a deep backlog cannot take every slot that frees while
+ * another waits: under overload each of N clients with work waiting gets
+ * every N-th slot. Each client's admitted, waited and refused transfers are
+ * counted (struct kvp_chan_stats). The worker's lcore only; nothing
+ * allocates.
  */
 #include <string.h>
 
@@ -128,6 +135,9 @@ refuse_head(struct kvp_worker *w, struct kvp_chan *ch, const struct kvp_sqe_xfer
 {
 	if (!refuse(ch, h, status))
 		return false;
+	ch->head_waited = false;
+	if (status == KVP_ENOBUFS)
+		KVP_STAT_ADD(ch->stats.refused, 1);
 	kvp_ring_consume(&ch->sq, 1 + h->nseg);
 	*n -= (int)(1 + h->nseg);
 	*consumed += (int)(1 + h->nseg);
@@ -135,13 +145,19 @@ refuse_head(struct kvp_worker *w, struct kvp_chan *ch, const struct kvp_sqe_xfer
 	return true;
 }
 
+/*
+ * Consume @p ch's SQ entries: cancels, fences and (while draining)
+ * refusals as far as they go, transfers until @p max_admit of them took a
+ * slot (counted in *admitted) or none is free. @return SQ entries consumed
+ */
 static int
-poll_chan(struct kvp_worker *w, struct kvp_chan *ch, uint64_t now)
+poll_chan(struct kvp_worker *w, struct kvp_chan *ch, uint64_t now, unsigned max_admit,
+	  unsigned *admitted)
 {
 	int consumed = 0;
 	int n = kvp_ring_count(&ch->sq);
 
-	while (n > 0) {
+	while (n > 0 && *admitted < max_admit) {
 		struct kvp_sqe_xfer h;
 
 		memcpy(&h, kvp_ring_peek(&ch->sq, 0), sizeof(h));
@@ -191,6 +207,10 @@ poll_chan(struct kvp_worker *w, struct kvp_chan *ch, uint64_t now)
 			continue;
 		}
 		if (w->nfree == 0) {
+			if (!ch->head_waited) {
+				ch->head_waited = true;
+				KVP_STAT_ADD(ch->stats.waited, 1);
+			}
 			/* The ring is the admission queue; its head may wait only so long. */
 			if (h.submit_ns && now > h.submit_ns &&
 			    now - h.submit_ns >
@@ -205,6 +225,10 @@ poll_chan(struct kvp_worker *w, struct kvp_chan *ch, uint64_t now)
 			KVP_STAT_ADD(w->stats.inflight_hwm, w->nxfers - w->nfree - w->stats.inflight_hwm);
 		x->chan = ch;
 		x->client = ch->id;
+		x->waited = ch->head_waited;
+		ch->head_waited = false;
+		(*admitted)++;
+		KVP_STAT_ADD(ch->stats.admitted, 1);
 		x->peer = h.peer;
 		x->status = KVP_OK;
 		x->detail = KVP_INVAL_NONE;
@@ -268,23 +292,43 @@ poll_chan(struct kvp_worker *w, struct kvp_chan *ch, uint64_t now)
 	return consumed;
 }
 
+/*
+ * Rounds of turns: each channel, from w->rr on, admits at most one transfer
+ * per turn; rounds go on while one of them admitted something (and so
+ * while slots and work are left: at most nfree + 1 rounds). The next call
+ * starts after the channel that took the last slot, so when slots free one
+ * at a time they go round the clients with work waiting.
+ */
 int
 kvp_worker_poll_chans(struct kvp_worker *w)
 {
 	int work = 0;
+	bool more = true;
 
 	if (w->nchans == 0)
 		return 0;
 	uint64_t now = kvp_mono_ns();
-	for (uint32_t i = 0; i < w->chan_slots; i++) {
-		struct kvp_chan *ch = w->chans[i];
+	while (more) {
+		uint32_t start = w->rr < w->nchans ? w->rr : 0;
 
-		if (ch && !ch->broken)
-			work += poll_chan(w, ch, now);
-		if (ch && ch->broken && !ch->broken_sent) {
-			ch->broken_sent = true;
-			worker_send_main(w, KVP_MSG_CHAN_BROKEN, 0, 0, false, ch, ch->broken_why);
+		more = false;
+		for (uint32_t k = 0; k < w->nchans; k++) {
+			uint32_t i = (start + k) % w->nchans;
+			struct kvp_chan *ch = w->act[i];
+			unsigned admitted = 0;
+
+			if (!ch->broken)
+				work += poll_chan(w, ch, now, 1, &admitted);
+			if (ch->broken && !ch->broken_sent) {
+				ch->broken_sent = true;
+				worker_send_main(w, KVP_MSG_CHAN_BROKEN, 0, 0, false, ch, ch->broken_why);
+			}
+			if (admitted) {
+				more = true;
+				w->rr = (i + 1) % w->nchans;
+			}
 		}
 	}
+	worker_flush_notify(w);
 	return work;
 }

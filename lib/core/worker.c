@@ -53,13 +53,14 @@ kvp_worker_init(struct kvp_worker *w, unsigned idx, const struct kvp_config *cfg
 	w->sqe_scratch = rte_zmalloc_socket("kvp_sqe", KVP_SQE_SIZE * (cfg->max_segments + 1),
 					    64, socket);
 	w->chans = rte_zmalloc_socket("kvp_chans", sizeof(*w->chans) * w->chan_slots, 64, socket);
+	w->act = rte_zmalloc_socket("kvp_act", sizeof(*w->act) * w->chan_slots, 64, socket);
 	w->hist = rte_zmalloc_socket("kvp_hist",
 				     sizeof(*w->hist) * KVP_HP_MAX * (cfg->npeers ? cfg->npeers : 1),
 				     64, socket);
 	w->fences = rte_zmalloc_socket("kvp_fences", sizeof(*w->fences) * cfg->max_fences, 64,
 				       socket);
-	if (!w->xfers || !w->free_idx || !w->segs || !w->sqe_scratch || !w->chans || !w->hist ||
-	    !w->fences)
+	if (!w->xfers || !w->free_idx || !w->segs || !w->sqe_scratch || !w->chans || !w->act ||
+	    !w->hist || !w->fences)
 		goto err_free;
 	for (uint32_t i = 0; i < w->nxfers; i++) {
 		w->xfers[i].idx = i;
@@ -149,6 +150,8 @@ kvp_worker_fini(struct kvp_worker *w)
 	rte_free(w->fences);
 	w->fences = NULL;
 	rte_free(w->hist);
+	rte_free(w->act);
+	w->act = NULL;
 	rte_free(w->chans);
 	rte_free(w->sqe_scratch);
 	rte_free(w->segs);
@@ -369,6 +372,8 @@ kvp_worker_xfer_end(struct kvp_worker *w, struct kvp_xfer *x, int status)
 	KVP_STAT_ADD(w->stats.completions[x->status], 1);
 	if (x->status == KVP_OK)
 		KVP_STAT_ADD(w->stats.peer[x->peer].tx_xfers, 1);
+	if (x->status == KVP_ENOBUFS && x->chan)
+		KVP_STAT_ADD(x->chan->stats.refused, 1);
 	if (!x->chan) {
 		xfer_free(w, x, now);
 		return;
@@ -522,6 +527,9 @@ chan_add(struct kvp_worker *w, struct kvp_chan *ch)
 {
 	uint32_t slot = kvp_client_slot(ch->id);
 
+	ch->w = w;
+	ch->act_idx = w->nchans;
+	w->act[w->nchans] = ch;
 	w->chans[slot] = ch;
 	w->nchans++;
 }
@@ -531,6 +539,8 @@ chan_del(struct kvp_worker *w, struct kvp_chan *ch)
 {
 	uint32_t slot = kvp_client_slot(ch->id);
 
+	/* Nothing may stay on the notify list: the main lcore frees the channel after GONE. */
+	worker_flush_notify(w);
 	/* In-flight transfers finish without a client; their memory stays referenced. */
 	for (uint32_t i = 0; i < w->nxfers; i++)
 		if (w->xfers[i].chan == ch && w->xfers[i].state == KVP_XS_ACTIVE)
@@ -545,8 +555,13 @@ chan_del(struct kvp_worker *w, struct kvp_chan *ch)
 	ch->backlog_head = ch->backlog_tail = NULL;
 	fence_chan_gone(w, ch);
 	if (w->chans[slot] == ch) {
+		/* The last channel takes its place in the admission round. */
+		struct kvp_chan *last = w->act[--w->nchans];
+
+		w->act[ch->act_idx] = last;
+		last->act_idx = ch->act_idx;
+		w->act[w->nchans] = NULL;
 		w->chans[slot] = NULL;
-		w->nchans--;
 	}
 	worker_send_main(w, KVP_MSG_CHAN_GONE, 0, 0, false, ch, NULL);
 }
@@ -597,6 +612,7 @@ kvp_worker_inbox(struct kvp_worker *w)
 		}
 		rte_mempool_put(w->msg_pool, m);
 	}
+	worker_flush_notify(w);
 	return (int)n + x;
 }
 
@@ -649,9 +665,7 @@ kvp_worker_timers(struct kvp_worker *w, uint64_t now)
 		if (ch && ch->backlog_head)
 			work += drain_backlog(w, ch, now);
 	}
-	if (w->nfree == w->nxfers)
-		return work;
-	for (uint32_t i = 0; i < w->nxfers; i++) {
+	for (uint32_t i = 0; w->nfree != w->nxfers && i < w->nxfers; i++) {
 		struct kvp_xfer *x = &w->xfers[i];
 
 		if (x->state == KVP_XS_ACTIVE && now >= x->deadline_ns && x->status == KVP_OK) {
@@ -659,6 +673,7 @@ kvp_worker_timers(struct kvp_worker *w, uint64_t now)
 			work++;
 		}
 	}
+	worker_flush_notify(w);
 	return work;
 }
 
@@ -667,6 +682,7 @@ kvp_worker_prepare_sleep(struct kvp_worker *w)
 {
 	bool ok = true;
 
+	worker_flush_notify(w);
 	/* Pairs with the fence in kvp_worker_xsend(): see the ring, or be rung. */
 	__atomic_store_n(&w->sleeping, 1, __ATOMIC_RELAXED);
 	__atomic_thread_fence(__ATOMIC_SEQ_CST);

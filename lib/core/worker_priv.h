@@ -8,8 +8,10 @@
 /* chan.c: a client's channel */
 /* Post @p c to the client's CQ and wake it; false if the CQ is full. */
 bool chan_post(struct kvp_chan *ch, const struct kvp_cqe *c);
-/* Wake the client if it waits for completions. */
+/* Wake the client if it waits for completions, once the worker's pass is done. */
 void chan_notify(struct kvp_chan *ch);
+/* Ring the eventfds chan_notify() owes (end of each of the worker's entry points). */
+void worker_flush_notify(struct kvp_worker *w);
 /* The client broke the ring protocol: record why (the first reason wins). */
 void chan_break(struct kvp_chan *ch, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* kvp_ring_count() refused the SQ producer index / kvp_ring_free() the CQ consumer index. */

@@ -5,6 +5,13 @@
  * Every request gets a reply with an errno and a reason; a client that
  * breaks the protocol is disconnected and its resources reclaimed.
  *
+ * Registering a region (mapping and populating it, importing GPU memory,
+ * the transports' registration hooks) runs on a helper thread (jobs.c):
+ * the client's reply comes when it is done, its further requests wait in
+ * its socket meanwhile, and the loop serves everyone else. A connection
+ * whose HELLO has arrived is never timed out: the HELLO deadline reads
+ * what is waiting before it gives up.
+ *
  * A connection refused before its HELLO was read (credentials, the client
  * limit, no file descriptor left) gets a HELLO reply with the reason and is
  * closed: libkvproxy reads it even when its own HELLO could not be sent.
@@ -189,47 +196,117 @@ err_sys:;
 	free(ch);
 }
 
+/* A registration on a helper thread: the client's request, and what came of it. */
+struct kvp_reg_job {
+	struct kvp_job job;
+	struct kvp_region_table *t;
+	uint32_t client; /* slot of the client conn (held until done) */
+	uint32_t slot;	 /* the region slot reserved for it */
+	int fd;		 /* the client's fd, closed once mapped (the mapping keeps the memory) */
+	bool gpu;
+	uint32_t flags;	 /* host: flags to map with */
+	struct kvp_ctrl_req req;
+	int rc;
+	char why[KVP_ERRMSG_MAX];
+};
+
 static void
-reg_gpu(struct kvp_node *n, struct kvp_client_conn *c, const struct kvp_ctrl_req *req,
-	struct kvp_ctrl_rep *rep, int fd)
+reg_run(struct kvp_job *j)
+{
+	struct kvp_reg_job *r = (struct kvp_reg_job *)j;
+	const struct kvp_ctrl_req *req = &r->req;
+
+	if (r->gpu)
+		r->rc = kvp_region_import_gpu(r->t, r->slot, req->u.reg.flags, req->u.reg.device, r->fd,
+					      req->u.reg.ipc, req->u.reg.fd_offset, req->u.reg.len,
+					      r->why, sizeof(r->why));
+	else
+		r->rc = kvp_region_map_host(r->t, r->slot, r->fd, req->u.reg.fd_offset,
+					    req->u.reg.len, r->flags);
+	if (r->fd >= 0)
+		close(r->fd);
+	r->fd = -1;
+}
+
+static void client_release(struct kvp_node *n, struct kvp_client_conn *c);
+
+/* The registration came back: publish and reply, or undo if the client has gone. */
+static void
+reg_done(struct kvp_node *n, struct kvp_job *j)
+{
+	struct kvp_reg_job *r = (struct kvp_reg_job *)j;
+	struct kvp_client_conn *c = &n->clients[r->client];
+	const struct kvp_ctrl_req *req = &r->req;
+	struct kvp_ctrl_rep rep;
+	int rc = r->rc;
+
+	c->job_busy = false;
+	n->registering--;
+	if (c->state != KVP_CL_ACTIVE) {
+		kvp_region_discard(&n->regions, r->slot);
+		if (c->release_after_job)
+			client_release(n, c);
+		return;
+	}
+	memset(&rep, 0, sizeof(rep));
+	rep.magic = KVP_CTRL_MAGIC;
+	rep.op = req->op;
+	rep.seq = req->seq;
+	if (rc == 0) {
+		kvp_region_publish(&n->regions, r->slot, &rep.u.reg.key);
+		if (r->gpu)
+			KVP_LOG(INFO, core, "client %u: GPU %d region of %" PRIu64 " bytes (%s)", c->id,
+				req->u.reg.device, req->u.reg.len,
+				req->u.reg.flags == KVP_REGION_CUDA_IPC ? "IPC" : "VMM fd");
+	} else {
+		kvp_region_discard(&n->regions, r->slot);
+		if (r->gpu)
+			rep_error(&rep, rc, "GPU %d: %s", req->u.reg.device, r->why);
+		else if (rc == -EPERM)
+			/* kvp_region_map_host() refuses files that could shrink under the mapping. */
+			rep_error(&rep, rc,
+				  "the region fd must be a memfd sealed against shrinking "
+				  "(memfd_create(MFD_ALLOW_SEALING) + fcntl(F_ADD_SEALS, F_SEAL_SHRINK); "
+				  "kvp_host_alloc() does this)");
+		else if (rc == -EINVAL)
+			rep_error(&rep, rc,
+				  "cannot map offset %" PRIu64 " length %" PRIu64
+				  " (flags %#x): empty, beyond the end of the fd, or not host memory",
+				  req->u.reg.fd_offset, req->u.reg.len, req->u.reg.flags);
+		else
+			rep_error(&rep, rc, "cannot map region: %s", strerror(-rc));
+	}
+	if (send_reply(c, &rep, NULL, 0) < 0) {
+		kvp_client_drop(n, c, "reply failed");
+		return;
+	}
+	/* Its next request, if one waits in the socket, comes with the next loop pass. */
+	loop_rewatch(n, &c->watch, EPOLLIN | EPOLLRDHUP);
+}
+
+/* Checks that need no mapping; @return false with @p rep set if the request is refused. */
+static bool
+reg_gpu_ok(const struct kvp_ctrl_req *req, struct kvp_ctrl_rep *rep, int fd)
 {
 	uint32_t kind = req->u.reg.flags;
-	char why[KVP_ERRMSG_MAX] = "";
-	uint64_t dptr = 0;
-	void *cookie = NULL;
-	int rc;
 
 	if (!kvp_memops->import) {
 		rep_error(rep, -ENODEV, "GPU regions unsupported here: %s", kvp_gpu_unavailable);
-		return;
+		return false;
 	}
 	if (kind == KVP_REGION_CUDA_VMM && fd < 0) {
 		rep_error(rep, -EBADF, "a VMM region needs its POSIX fd attached");
-		return;
+		return false;
 	}
 	if (req->u.reg.len == 0) {
 		rep_error(rep, -EINVAL, "empty region");
-		return;
+		return false;
 	}
 	if (kind == KVP_REGION_CUDA_VMM && req->u.reg.fd_offset != 0) {
 		rep_error(rep, -EINVAL, "a VMM region covers its whole allocation (offset must be 0)");
-		return;
+		return false;
 	}
-	rc = kvp_memops->import(kind, req->u.reg.device, fd, req->u.reg.ipc, req->u.reg.fd_offset,
-				req->u.reg.len, &dptr, &cookie, why, sizeof(why));
-	if (rc < 0) {
-		rep_error(rep, rc, "GPU %d: %s", req->u.reg.device, why);
-		return;
-	}
-	rc = kvp_region_add_gpu(&n->regions, c->id, dptr, req->u.reg.len, req->u.reg.device, cookie,
-				&rep->u.reg.key);
-	if (rc < 0) {
-		kvp_memops->release(cookie);
-		rep_error(rep, rc, "region table full (limits.max_regions = %u)", n->cfg.max_regions);
-		return;
-	}
-	KVP_LOG(INFO, core, "client %u: GPU %d region of %" PRIu64 " bytes (%s)", c->id,
-		req->u.reg.device, req->u.reg.len, kind == KVP_REGION_CUDA_IPC ? "IPC" : "VMM fd");
+	return true;
 }
 
 static void
@@ -237,45 +314,50 @@ do_reg(struct kvp_node *n, struct kvp_client_conn *c, const struct kvp_ctrl_req 
        struct kvp_ctrl_rep *rep)
 {
 	int fd = c->pending_fd;
-	int rc;
+	bool gpu = req->u.reg.flags == KVP_REGION_CUDA_IPC || req->u.reg.flags == KVP_REGION_CUDA_VMM;
+	uint32_t flags = req->u.reg.flags;
 
 	c->pending_fd = -1;
-	if (c->state != KVP_CL_ACTIVE) {
+	if (c->state != KVP_CL_ACTIVE)
 		rep_error(rep, -EPROTO, "HELLO first");
-	} else if (req->u.reg.flags == KVP_REGION_CUDA_IPC ||
-		   req->u.reg.flags == KVP_REGION_CUDA_VMM) {
-		reg_gpu(n, c, req, rep, fd);
-	} else if (fd < 0) {
+	else if (gpu && !reg_gpu_ok(req, rep, fd))
+		;
+	else if (!gpu && fd < 0)
 		rep_error(rep, -EBADF, "REG needs the region's fd attached");
-	} else {
-		uint32_t flags = req->u.reg.flags;
-
-		/* Internal flags are the daemon's to set, never the client's. */
-		if (flags & KVP_REGION_F_INTERNAL)
-			flags = 0;
-		else if (n->cfg.stage_host)
-			flags |= KVP_REGION_F_STAGE;
-		rc = kvp_region_add(&n->regions, c->id, fd, req->u.reg.fd_offset, req->u.reg.len,
-				    flags, &rep->u.reg.key);
-		if (rc == -EPERM)
-			/* kvp_region_add() refuses files that could shrink under the mapping (SIGBUS). */
-			rep_error(rep, rc,
-				  "the region fd must be a memfd sealed against shrinking "
-				  "(memfd_create(MFD_ALLOW_SEALING) + fcntl(F_ADD_SEALS, F_SEAL_SHRINK); "
-				  "kvp_host_alloc() does this)");
-		else if (rc == -ENOSPC)
-			rep_error(rep, rc, "region table full (limits.max_regions = %u)",
-				  n->cfg.max_regions);
-		else if (rc == -EINVAL)
-			rep_error(rep, rc,
-				  "cannot map offset %" PRIu64 " length %" PRIu64
-				  " (flags %#x): empty, beyond the end of the fd, or not host memory",
-				  req->u.reg.fd_offset, req->u.reg.len, req->u.reg.flags);
-		else if (rc < 0)
-			rep_error(rep, rc, "cannot map region: %s", strerror(-rc));
+	if (rep->err) {
+		if (fd >= 0)
+			close(fd);
+		return;
 	}
-	if (fd >= 0)
-		close(fd); /* the mapping keeps the memory */
+	int slot = kvp_region_reserve(&n->regions, c->id);
+
+	if (slot < 0) {
+		rep_error(rep, slot, "region table full (limits.max_regions = %u)", n->cfg.max_regions);
+		if (fd >= 0)
+			close(fd);
+		return;
+	}
+	/* Internal flags are the daemon's to set, never the client's. */
+	if (flags & KVP_REGION_F_INTERNAL)
+		flags = 0;
+	else if (n->cfg.stage_host)
+		flags |= KVP_REGION_F_STAGE;
+	struct kvp_reg_job *r = &n->reg_jobs[c - n->clients];
+
+	*r = (struct kvp_reg_job){ .job = { .run = reg_run, .done = reg_done },
+				   .t = &n->regions,
+				   .client = (uint32_t)(c - n->clients),
+				   .slot = (uint32_t)slot,
+				   .fd = fd,
+				   .gpu = gpu,
+				   .flags = gpu ? 0 : flags,
+				   .req = *req };
+	/* Nothing more is read from this client until the reply: only its hang-up. */
+	c->job_busy = true;
+	n->registering++;
+	loop_rewatch(n, &c->watch, EPOLLRDHUP);
+	rep->op = 0; /* reg_done() replies */
+	job_post(n, &r->job);
 }
 
 static void
@@ -510,7 +592,7 @@ kvp_client_input(struct kvp_node *n, uint32_t slot)
 		char buf[CMSG_SPACE(sizeof(int) * 4)];
 	} u;
 
-	while (c->state == KVP_CL_OPEN || c->state == KVP_CL_ACTIVE) {
+	while ((c->state == KVP_CL_OPEN || c->state == KVP_CL_ACTIVE) && !c->job_busy) {
 		struct iovec iov = { .iov_base = c->rbuf + c->rlen,
 				     .iov_len = sizeof(c->rbuf) - c->rlen };
 		struct msghdr msg = { .msg_iov = &iov,
@@ -554,6 +636,12 @@ kvp_client_input(struct kvp_node *n, uint32_t slot)
 static void
 client_release(struct kvp_node *n, struct kvp_client_conn *c)
 {
+	if (c->job_busy) {
+		/* Its registration still runs on a helper: the slot goes when it comes back. */
+		c->release_after_job = true;
+		return;
+	}
+	/* Counted once, when the slot really goes (the job's return may be that time). */
 	if (c->state == KVP_CL_DETACHING || c->state == KVP_CL_ACTIVE)
 		n->worker_clients[c->worker]--;
 	if (c->chan) {
@@ -631,14 +719,21 @@ kvp_client_broken(struct kvp_node *n, struct kvp_chan *ch, const char *why)
 	kvp_client_drop(n, c, msg);
 }
 
-/* A connection that never says HELLO must not hold a client slot. */
+/*
+ * A connection that never says HELLO must not hold a client slot. One whose
+ * HELLO has arrived is served, however late the loop looks: what waits in
+ * the socket is read before the deadline is enforced.
+ */
 void
 kvp_client_timers(struct kvp_node *n, uint64_t now)
 {
 	for (uint32_t i = 0; i < n->cfg.max_clients; i++) {
 		struct kvp_client_conn *c = &n->clients[i];
 
-		if (c->state == KVP_CL_OPEN && now >= c->hello_deadline_ns) {
+		if (c->state != KVP_CL_OPEN || now < c->hello_deadline_ns)
+			continue;
+		kvp_client_input(n, i);
+		if (c->state == KVP_CL_OPEN) {
 			n->client_handshake_failures++;
 			kvp_client_drop(n, c, "sent no HELLO in time; disconnected");
 		}
@@ -660,7 +755,12 @@ on_input(struct kvp_node *n, void *arg, uint32_t events)
 {
 	struct kvp_client_conn *c = arg;
 
-	(void)events;
+	if (c->job_busy) {
+		/* Only a hang-up is watched while its registration runs. */
+		if (events & (EPOLLRDHUP | EPOLLHUP | EPOLLERR))
+			kvp_client_drop(n, c, "disconnected");
+		return;
+	}
 	kvp_client_input(n, (uint32_t)(c - n->clients));
 }
 
@@ -679,6 +779,9 @@ on_chan_broken(struct kvp_node *n, const struct kvp_msg *m)
 int
 client_srv_init(struct kvp_node *n)
 {
+	n->reg_jobs = calloc(n->cfg.max_clients, sizeof(*n->reg_jobs));
+	if (!n->reg_jobs)
+		return -ENOMEM;
 	loop_on_msg(n, KVP_MSG_CHAN_GONE, on_chan_gone);
 	loop_on_msg(n, KVP_MSG_CHAN_BROKEN, on_chan_broken);
 	loop_every(n, &n->client_timer, CLIENT_TIMER_NS, kvp_client_timers);

@@ -54,6 +54,15 @@ int ctrl_accept_spare(struct kvp_node *n, int lfd);
 /** Take the spare descriptor back after ctrl_accept_spare(). @return false if none was left */
 bool ctrl_spare_restore(struct kvp_node *n);
 
+/* ---- helper threads for slow steps (jobs.c) ---- */
+
+/** Start the helpers (none with env.ctrl_inline); regions removed from now on unmap there. */
+int jobs_init(struct kvp_node *n);
+/** Run what is queued, join the helpers, run the done() of what they ran. */
+void jobs_fini(struct kvp_node *n);
+/** Run @p j on a helper; its done() follows on the main lcore (at once without helpers). */
+void job_post(struct kvp_node *n, struct kvp_job *j);
+
 /* ---- JSON-RPC (admin_rpc.c) ---- */
 
 /* Why a method returned no result: code and message of the JSON-RPC error. */
@@ -93,6 +102,7 @@ enum stat_src {
 	SS_RAIL_STATS,	/* kvp_rail_stats field of the instance's rail, summed over workers */
 	SS_NODE,	/* kvp_node field of .size bytes (main lcore) */
 	SS_MR,		/* kvp_mr_stats field (RDMA registrations) */
+	SS_CHAN,	/* kvp_chan_stats field of the instance's client (its worker writes it) */
 	SS_FN,		/* fn(node, instance) */
 };
 
@@ -130,6 +140,8 @@ extern const unsigned stat_nrows;
 
 /** Name of an ibv_wc_status value ("retry_exc_err", ...). */
 const char *stats_wc_name(unsigned st);
+/** The channel of the client in slot @p slot, or NULL if none is connected there. */
+const struct kvp_chan *stats_client_chan(const struct kvp_node *n, unsigned slot);
 /** The port behind rail index @p rail, or NULL. */
 const struct kvp_rail_info *stats_rail_port(const struct kvp_node *n, unsigned rail);
 /** Histogram of (peer, phase) summed over the workers. */

@@ -12,6 +12,7 @@
 #ifndef KVP_CTRL_H
 #define KVP_CTRL_H
 
+#include <pthread.h>
 #include <stdalign.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -60,6 +61,35 @@ struct kvp_loop {
 	struct kvp_timer *timers;
 	kvp_msg_fn on_msg[KVP_MSG_TYPES];
 	int spare_fd; /**< given up to accept (and refuse) a connection when out of fds */
+};
+
+/**
+ * A slow step of the control plane (mapping a region, registering it,
+ * unmapping it): run() on a helper thread, then done() back on the main
+ * lcore's loop. The caller owns the job (embedded in what it works for)
+ * until done() runs.
+ */
+struct kvp_job {
+	void (*run)(struct kvp_job *j);
+	void (*done)(struct kvp_node *n, struct kvp_job *j);
+	struct kvp_job *next;
+};
+
+#define KVP_JOB_THREADS 2
+
+/** The helper threads and their queues (jobs.c); the lists are under lock. */
+struct kvp_jobs {
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	struct kvp_job *q_head, *q_tail;       /**< waiting for a helper */
+	struct kvp_job *done_head, *done_tail; /**< run, waiting for the main lcore */
+	pthread_t th[KVP_JOB_THREADS];
+	unsigned nth;	      /**< helpers started (0: jobs run inline) */
+	bool quit;
+	int evfd;	      /**< a helper rings it after a job ran */
+	struct kvp_watch watch;
+	uint32_t busy;	      /**< jobs posted and not yet done (main lcore) */
+	uint64_t ran;	      /**< jobs done (main lcore) */
 };
 
 /** KVP_LINK_UP: no dial in progress; every link up or waiting for a retry. */
@@ -132,6 +162,12 @@ struct kvp_client_conn {
 	uint64_t hello_deadline_ns; /**< an OPEN client must say HELLO by then */
 	uint32_t rlen;
 	uint8_t rbuf[KVP_CTRL_MSGLEN];
+	/*
+	 * A registration under way on a helper: further requests wait in the
+	 * socket, and the slot is not freed until it has come back.
+	 */
+	bool job_busy;
+	bool release_after_job; /**< the client left meanwhile: release the slot when it ends */
 };
 
 #define KVP_ADMIN_CONNS	  16
@@ -198,6 +234,8 @@ struct kvp_node_env {
 	unsigned ntps;
 	unsigned nworkers;
 	unsigned lcores[KVP_WORKERS_MAX]; /**< worker i runs on lcores[i] */
+	/** Run the control plane's slow steps inline on the main lcore (tests, fuzzing). */
+	bool ctrl_inline;
 	char transport_why[256]; /**< why this transport was chosen */
 	const char *cores_why;	 /**< where the lcores run and why, or NULL */
 	int rdma_ports;		 /**< RDMA probe result: ports found, or -errno */
@@ -240,6 +278,11 @@ struct kvp_node {
 	struct kvp_pending_conn pending[KVP_PENDING_MAX];
 	struct kvp_admin_conn admin[KVP_ADMIN_CONNS];
 	struct kvp_admin_stats admin_stats;
+	struct kvp_jobs jobs;
+	struct kvp_reg_job *reg_jobs;  /**< one per client slot (a client registers one at a time) */
+	struct kvp_rel_job *rel_jobs;  /**< one per region slot (its unmapping) */
+	uint64_t loop_max_ns;	       /**< longest pass of the event loop (callbacks and timers) */
+	uint32_t registering;	       /**< region registrations running on the helpers */
 	uint64_t bad_handshakes;
 	uint64_t auth_failures;
 	uint64_t clients_refused_cred;	/**< client connections from a uid/group not allowed */

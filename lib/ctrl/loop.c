@@ -182,6 +182,7 @@ loop_run(struct kvp_node *n, int timeout_ms)
 {
 	struct epoll_event evs[32];
 	int cnt = epoll_wait(n->loop.epfd, evs, 32, timeout_ms);
+	uint64_t t0 = kvp_mono_ns();
 
 	for (int i = 0; i < cnt; i++) {
 		struct kvp_watch *w = evs[i].data.ptr;
@@ -197,4 +198,8 @@ loop_run(struct kvp_node *n, int timeout_ms)
 			t->fn(n, now);
 		}
 	}
+	/* How long everyone else waited for this pass: nothing slow belongs here (jobs.c). */
+	uint64_t pass = kvp_mono_ns() - t0;
+	if (pass > n->loop_max_ns)
+		__atomic_store_n(&n->loop_max_ns, pass, __ATOMIC_RELAXED);
 }

@@ -238,6 +238,7 @@ kvp_node_init(struct kvp_node *n, const struct kvp_config *cfg,
 	n->start_ns = kvp_mono_ns();
 	n->client_lfd = n->admin_lfd = n->peer_lfd = n->lock_fd = -1;
 	n->loop.epfd = n->loop.evfd = n->loop.spare_fd = -1;
+	n->jobs.evfd = n->jobs.watch.fd = -1;
 	n->client_lw.fd = n->admin_lw.fd = n->peer_lw.fd = -1;
 	for (unsigned i = 0; i < KVP_ADMIN_CONNS; i++)
 		n->admin[i].fd = -1;
@@ -281,6 +282,8 @@ kvp_node_init(struct kvp_node *n, const struct kvp_config *cfg,
 		goto err;
 	}
 	rc = loop_init(n);
+	if (rc == 0)
+		rc = jobs_init(n);
 	if (!n->clients || !n->msg_pool || rc < 0) {
 		snprintf(err, errlen, "control plane resources: %s", strerror(rc < 0 ? -rc : ENOMEM));
 		rc = rc < 0 ? rc : -ENOMEM;
@@ -407,6 +410,8 @@ kvp_node_stop_workers(struct kvp_node *n)
 void
 kvp_node_fini(struct kvp_node *n)
 {
+	/* Registrations under way end first (replies to clients still connected). */
+	jobs_fini(n);
 	kvp_admin_close_all(n);
 	kvp_peer_close_all(n);
 	for (uint32_t i = 0; n->clients && i < n->cfg.max_clients; i++) {
@@ -446,6 +451,8 @@ kvp_node_fini(struct kvp_node *n)
 	n->stats_buf = NULL;
 	free(n->clients);
 	n->clients = NULL;
+	free(n->reg_jobs);
+	n->reg_jobs = NULL;
 	if (n->regions.slots)
 		kvp_region_table_fini(&n->regions);
 }

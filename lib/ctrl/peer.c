@@ -210,6 +210,13 @@ hand_over(struct kvp_node *n, uint16_t peer, uint8_t link, int fd, bool outgoing
 		return -ENOBUFS;
 	fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
 	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+	/* tcp.congestion: e.g. no BBR pacing on loopback and veth, where it halves the rate. */
+	if (n->cfg.tcp_congestion[0] &&
+	    setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, n->cfg.tcp_congestion,
+		       (socklen_t)strlen(n->cfg.tcp_congestion)) < 0)
+		KVP_LOG_RL(WARNING, core, "peer %u link %u: tcp.congestion \"%s\" refused (%s); "
+			   "the system's default stays", peer, link, n->cfg.tcp_congestion,
+			   strerror(errno));
 	m->peer = peer;
 	m->link = link;
 	m->fd = fd;

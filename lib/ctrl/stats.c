@@ -24,8 +24,8 @@ sect_on(const struct kvp_node *n, const char *sect)
 	return true;
 }
 
-/* What a section has one of: the node, each peer, each worker, each rail. */
-enum scope { SC_NODE, SC_PEER, SC_WORKER, SC_RAIL };
+/* What a section has one of: the node, each peer, each worker, each rail, each client. */
+enum scope { SC_NODE, SC_PEER, SC_WORKER, SC_RAIL, SC_CLIENT };
 
 static enum scope
 sect_scope(const char *sect)
@@ -36,10 +36,15 @@ sect_scope(const char *sect)
 		return SC_WORKER;
 	if (strcmp(sect, "rails") == 0)
 		return SC_RAIL;
+	if (strcmp(sect, "clients") == 0)
+		return SC_CLIENT;
 	return SC_NODE;
 }
 
-/* Instance @p i of the scope, or false past the last (rails: only those in use). */
+/*
+ * Instance @p i of the scope, or false past the last (rails: only those in
+ * use; clients: the slots of connected clients with a channel).
+ */
 static bool
 instance(const struct kvp_node *n, enum scope sc, unsigned *i)
 {
@@ -52,6 +57,10 @@ instance(const struct kvp_node *n, enum scope sc, unsigned *i)
 		while (*i < KVP_WIRE_RAILS_MAX && !stats_rail_port(n, *i))
 			(*i)++;
 		return *i < KVP_WIRE_RAILS_MAX;
+	case SC_CLIENT:
+		while (*i < n->cfg.max_clients && !stats_client_chan(n, *i))
+			(*i)++;
+		return *i < n->cfg.max_clients;
 	default:
 		return *i == 0;
 	}
@@ -112,6 +121,11 @@ row_value(const struct kvp_node *n, const struct stat_row *r, unsigned i, size_t
 	}
 	case SS_MR:
 		return n->env.mr_stats ? ld(n->env.mr_stats, off) : 0;
+	case SS_CHAN: {
+		const struct kvp_chan *ch = stats_client_chan(n, i);
+
+		return ch ? ld(&ch->stats, off) : 0;
+	}
 	case SS_FN:
 		return r->fn(n, i);
 	}
@@ -300,6 +314,10 @@ scope_labels(const struct kvp_node *n, const struct stat_row *r, unsigned i, cha
 		break;
 	case SC_WORKER:
 		snprintf(out, len, ",lcore=\"%u\"", n->workers[i].lcore);
+		break;
+	case SC_CLIENT:
+		snprintf(out, len, ",client=\"%u\",pid=\"%d\",worker=\"%u\"", n->clients[i].id,
+			 (int)n->clients[i].pid, n->clients[i].worker);
 		break;
 	case SC_RAIL:
 		p = stats_rail_port(n, i);

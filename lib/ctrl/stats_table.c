@@ -79,7 +79,10 @@ gpu_region_bytes(const struct kvp_node *n, unsigned i)
 	for (uint32_t k = 0; k < n->regions.size; k++) {
 		const struct kvp_region *r = &n->regions.slots[k];
 
-		if (atomic_load((_Atomic uint32_t *)&r->state) != KVP_REGION_FREE &&
+		uint32_t st = atomic_load((_Atomic uint32_t *)&r->state);
+
+		/* A BUSY slot's fields belong to the helper mapping or unmapping it. */
+		if ((st == KVP_REGION_ACTIVE || st == KVP_REGION_DEAD) &&
 		    (r->flags & KVP_REGION_F_GPU))
 			sum += r->len;
 	}
@@ -267,34 +270,74 @@ mr_last_error(const struct kvp_node *n, unsigned i)
 	return json_string(n->env.mr_stats ? n->env.mr_stats->last_error : "");
 }
 
-/* Each client's rings: what it has queued and what waits for it. */
-static json_t *
-clients_json(const struct kvp_node *n, unsigned i)
+/* ---- each client: its rings, what it has queued and what waits for it ---- */
+
+const struct kvp_chan *
+stats_client_chan(const struct kvp_node *n, unsigned slot)
 {
-	json_t *arr = json_array();
+	const struct kvp_client_conn *c;
 
-	(void)i;
-	for (uint32_t k = 0; k < n->cfg.max_clients; k++) {
-		const struct kvp_client_conn *c = &n->clients[k];
+	if (!n->clients || slot >= n->cfg.max_clients)
+		return NULL;
+	c = &n->clients[slot];
+	return c->state == KVP_CL_ACTIVE ? c->chan : NULL;
+}
 
-		if (c->state != KVP_CL_ACTIVE || !c->chan)
-			continue;
-		struct kvp_chan_hdr *h = c->chan->mem;
-		uint32_t sqd = atomic_load_explicit(&h->sq.prod, memory_order_relaxed) -
-			       atomic_load_explicit(&h->sq.cons, memory_order_relaxed);
-		uint32_t cqd = atomic_load_explicit(&h->cq.prod, memory_order_relaxed) -
-			       atomic_load_explicit(&h->cq.cons, memory_order_relaxed);
-		json_array_append_new(
-			arr, json_pack("{s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i}", "id", (int)c->id,
-				       "pid", (int)c->pid, "worker", (int)c->worker, "sq_depth", (int)sqd, "cq_depth",
-				       (int)cqd, "inflight",
-				       (int)__atomic_load_n(&c->chan->inflight, __ATOMIC_RELAXED),
-				       "regions", (int)kvp_region_count(&n->regions, c->id),
-				       "cq_overflow",
-				       (int)atomic_load_explicit(&h->cq.overflow,
-								 memory_order_relaxed)));
-	}
-	return arr;
+static struct kvp_chan_hdr *
+client_hdr(const struct kvp_node *n, unsigned i)
+{
+	const struct kvp_chan *ch = stats_client_chan(n, i);
+
+	return ch ? ch->mem : NULL;
+}
+
+static json_t *
+client_ident(const struct kvp_node *n, unsigned i)
+{
+	return json_pack("{s:I, s:i, s:i}", "id", (json_int_t)n->clients[i].id, "pid",
+			 (int)n->clients[i].pid, "worker", (int)n->clients[i].worker);
+}
+
+static uint64_t
+client_sq_depth(const struct kvp_node *n, unsigned i)
+{
+	struct kvp_chan_hdr *h = client_hdr(n, i);
+
+	return h ? (uint32_t)(atomic_load_explicit(&h->sq.prod, memory_order_relaxed) -
+			      atomic_load_explicit(&h->sq.cons, memory_order_relaxed))
+		 : 0;
+}
+
+static uint64_t
+client_cq_depth(const struct kvp_node *n, unsigned i)
+{
+	struct kvp_chan_hdr *h = client_hdr(n, i);
+
+	return h ? (uint32_t)(atomic_load_explicit(&h->cq.prod, memory_order_relaxed) -
+			      atomic_load_explicit(&h->cq.cons, memory_order_relaxed))
+		 : 0;
+}
+
+static uint64_t
+client_inflight(const struct kvp_node *n, unsigned i)
+{
+	const struct kvp_chan *ch = stats_client_chan(n, i);
+
+	return ch ? __atomic_load_n(&ch->inflight, __ATOMIC_RELAXED) : 0;
+}
+
+static uint64_t
+client_regions(const struct kvp_node *n, unsigned i)
+{
+	return kvp_region_count(&n->regions, n->clients[i].id);
+}
+
+static uint64_t
+client_cq_overflow(const struct kvp_node *n, unsigned i)
+{
+	struct kvp_chan_hdr *h = client_hdr(n, i);
+
+	return h ? atomic_load_explicit(&h->cq.overflow, memory_order_relaxed) : 0;
 }
 
 /* Phase latency summaries (microseconds) of every (peer, phase) with observations. */
@@ -338,6 +381,7 @@ latency_json(const struct kvp_node *n, unsigned i)
 #define R(f)  .src = SS_RAIL_STATS, .off = offsetof(struct kvp_rail_stats, f)
 #define N(f)  .src = SS_NODE, .off = offsetof(struct kvp_node, f), .size = sizeof(((struct kvp_node *)0)->f)
 #define MR(f) .src = SS_MR, .off = offsetof(struct kvp_mr_stats, f)
+#define CH(f) .src = SS_CHAN, .off = offsetof(struct kvp_chan_stats, f)
 #define FN(f) .src = SS_FN, .fn = f
 #define G     .gauge = true
 #define JSON(f) .kind = SK_JSON, .json = f
@@ -353,6 +397,9 @@ const struct stat_row stat_rows[] = {
 	{ "status", "workers", "kvproxy_workers", N(nworkers), G, .help = "Worker lcores." },
 	{ "status", "clients", "kvproxy_clients", N(nclients), G, .help = "Connected clients." },
 	{ "status", "regions", "kvproxy_regions", N(regions.used), G, .help = "Registered regions." },
+	{ "status", "registering", "kvproxy_regions_registering", N(registering), G,
+	  .help = "Region registrations under way (mapping, GPU import, RDMA registration run on "
+		  "helper threads, off the control loop)." },
 	{ "status", "inflight", REF("totals") },
 	{ "status", "peers", "kvproxy_peers", N(cfg.npeers), G, .help = "Configured peers." },
 	{ "status", "peers_up", FN(peers_up), .derived = "the count of kvproxy_peer_up at 1" },
@@ -374,7 +421,7 @@ const struct stat_row stat_rows[] = {
 	  .help = "Transfers ended on this node, by status." },
 	{ "", "staging", SUB },
 	{ "", "peers", SUB },
-	{ "", "clients", JSON(clients_json) },
+	{ "", "clients", SUB },
 	{ "", "workers", SUB },
 	{ "", "regions", REF("status") },
 	{ "", "latency", JSON(latency_json) },
@@ -415,6 +462,10 @@ const struct stat_row stat_rows[] = {
 	  .help = "Clients disconnected for breaking the shared-ring protocol." },
 	{ "totals", "admin_cancels", "kvproxy_admin_cancels_total", W(admin_cancels),
 	  .help = "Transfers canceled through the admin socket (cancel)." },
+	{ "totals", "control_loop_max_ms", "kvproxy_control_loop_pass_seconds_max", N(loop_max_ns),
+	  G, .unit = SU_NS_MS,
+	  .help = "Longest pass of the main lcore's event loop (its callbacks and timers): how "
+		  "long admin replies and client and peer handshakes may have waited." },
 
 	{ "staging", "buffers", "kvproxy_staging_buffers", W(stage_bufs), G,
 	  .help = "Staging buffers in the pool." },
@@ -464,6 +515,25 @@ const struct stat_row stat_rows[] = {
 	  .help = "Outgoing handshakes with the peer that failed." },
 	{ "peers", NULL, "kvproxy_peer_up", FN(peer_up), G, .flags = SF_SHORT,
 	  .derived = "\"state\": \"up\"", .help = "1 if an outgoing connection to the peer is up." },
+
+	{ "clients", NULL, JSON(client_ident) },
+	{ "clients", "sq_depth", "kvproxy_client_sq_depth", FN(client_sq_depth), G,
+	  .help = "Submission ring entries the client published and kvproxyd has not taken." },
+	{ "clients", "cq_depth", "kvproxy_client_cq_depth", FN(client_cq_depth), G,
+	  .help = "Completions waiting for the client to read them." },
+	{ "clients", "inflight", "kvproxy_client_transfers_inflight", FN(client_inflight), G,
+	  .help = "The client's transfers in flight." },
+	{ "clients", "regions", "kvproxy_client_regions", FN(client_regions), G,
+	  .help = "The client's registered regions." },
+	{ "clients", "cq_overflow", "kvproxy_client_cq_overflow_total", FN(client_cq_overflow),
+	  .help = "Landing notices dropped because the client's completion ring was full." },
+	{ "clients", "admitted", "kvproxy_client_admitted_total", CH(admitted),
+	  .help = "The client's transfers given a transfer slot." },
+	{ "clients", "waited", "kvproxy_client_waited_total", CH(waited),
+	  .help = "The client's transfers that waited for a transfer slot or a staging buffer "
+		  "(the worker's clients take turns for both)." },
+	{ "clients", "refused", "kvproxy_client_refused_total", CH(refused),
+	  .help = "The client's transfers refused with no-buffers after timeouts.admission_ms." },
 
 	{ "workers", NULL, JSON(worker_ident) },
 	{ "workers", "loops", "kvproxy_worker_loops_total", W1(loops),

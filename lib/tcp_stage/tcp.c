@@ -32,6 +32,9 @@ tcp_destroy(void *tctx)
 		rte_free(c->rxt);
 	}
 	rte_free(t->conns);
+	rte_free(t->q_round);
+	rte_free(t->q_used);
+	rte_free(t->q_blocked);
 	stage_fini(&t->stage);
 	if (t->ring.ring_fd > 0)
 		io_uring_queue_exit(&t->ring);
@@ -87,7 +90,11 @@ tcp_create(struct kvp_worker *w, unsigned idx, void **tctx)
 	t->zerocopy = cfg->tcp_zerocopy;
 	t->peer_ns = (uint64_t)cfg->peer_timeout_ms * 1000000;
 	t->conns = rte_zmalloc_socket("kvp_tcp_conns", sizeof(*t->conns) * t->nconns, 64, socket);
-	if (!t->conns) {
+	t->q_round = rte_zmalloc_socket("kvp_tcp_q", sizeof(uint32_t) * cfg->max_clients, 64, socket);
+	t->q_used = rte_zmalloc_socket("kvp_tcp_q", sizeof(uint64_t) * cfg->max_clients, 64, socket);
+	t->q_blocked = rte_zmalloc_socket("kvp_tcp_q", sizeof(uint32_t) * cfg->max_clients, 64,
+					  socket);
+	if (!t->conns || !t->q_round || !t->q_used || !t->q_blocked) {
 		rc = -ENOMEM;
 		goto err;
 	}
@@ -120,8 +127,17 @@ tcp_create(struct kvp_worker *w, unsigned idx, void **tctx)
 			goto err;
 		}
 	}
-	/* Each connection has at most one send and one recv in flight. */
-	rc = io_uring_queue_init(kvp_pow2_ceil(2 * t->nconns + 8), &t->ring, 0);
+	/*
+	 * Each connection has at most one send and one recv in flight.
+	 * COOP_TASKRUN: a completion that needs this thread's task work
+	 * (every recv that had to wait for data) no longer interrupts it
+	 * with an IPI; a sleeping worker is still woken, and a spinning one
+	 * sees IORING_SQ_TASKRUN (TASKRUN_FLAG) and enters the kernel.
+	 */
+	rc = io_uring_queue_init(kvp_pow2_ceil(2 * t->nconns + 8), &t->ring,
+				 IORING_SETUP_COOP_TASKRUN | IORING_SETUP_TASKRUN_FLAG);
+	if (rc == -EINVAL) /* kernels before 5.19 */
+		rc = io_uring_queue_init(kvp_pow2_ceil(2 * t->nconns + 8), &t->ring, 0);
 	if (rc < 0) {
 		t->ring.ring_fd = -1;
 		goto err;
@@ -164,6 +180,7 @@ tcp_attach(void *tctx, uint16_t peer, uint8_t link, int fd, bool outgoing, uint6
 	c->send_busy = c->recv_busy = c->recv_next = false;
 	c->pend_head = c->pend_tail = NULL;
 	c->unsent = 0;
+	c->framed = 0;
 	c->rx_start = c->rx_end = 0;
 	c->rx_state = RX_HDR;
 	c->rx_region = NULL;
@@ -336,6 +353,9 @@ tcp_progress(void *tctx)
 	int work = 0;
 	unsigned n;
 
+	/* Completions waiting for task work are posted only once this thread enters the kernel. */
+	if (IO_URING_READ_ONCE(*t->ring.sq.kflags) & IORING_SQ_TASKRUN)
+		io_uring_get_events(&t->ring);
 	while ((n = io_uring_peek_batch_cqe(&t->ring, cqes, 64)) > 0) {
 		for (unsigned i = 0; i < n; i++)
 			handle_cqe(t, cqes[i]);
@@ -347,6 +367,7 @@ tcp_progress(void *tctx)
 		t->next_tick_ns = now + t->peer_ns / 16;
 		liveness(t, now);
 		tcp_tx_sweep(t, now);
+		stage_tick(&t->stage);
 		if (t->stage_blocked) {
 			for (uint32_t i = 0; i < t->nconns; i++)
 				if (t->conns[i].state == CONN_UP && t->conns[i].outgoing)

@@ -57,6 +57,7 @@ struct tx_frame {
 	uint32_t nblk;
 	uint32_t blk;
 	uint64_t sstride;
+	uint16_t owner; /* client slot whose share the staging buffer counts against */
 	alignas(8) uint8_t inl[KVP_PCHAN_PAYLOAD]; /* payload of peer control frames */
 };
 
@@ -76,6 +77,17 @@ struct stage_pool {
 	uint32_t owner_rx; /* buffers [0, owner_rx) belong to the receive list */
 	uint32_t *free[2];
 	uint32_t nfree[2];
+	/*
+	 * Fair shares of the sending buffers among the worker's clients (by
+	 * client slot): while a client waits for one, a client that holds
+	 * its share (the sending buffers / the clients holding or waiting)
+	 * gets none, so a buffer that frees goes to the one waiting.
+	 */
+	uint32_t nclients;
+	uint32_t *held;	  /* sending buffers each client's frames hold */
+	uint8_t *waiting; /* refused a buffer since the last tick */
+	uint32_t nusers;  /* clients holding or waiting */
+	uint32_t nwaiting;
 };
 
 static inline uint8_t *
@@ -131,6 +143,7 @@ struct tcp_conn {
 	struct kvp_xfer *pend_head; /* transfers still being framed */
 	struct kvp_xfer *pend_tail;
 	uint64_t unsent; /* payload bytes posted here and not yet sent: picks links */
+	uint64_t framed; /* of them, framed into txq: framing stops FRAME_AHEAD ahead of the wire */
 
 	/* Receive side. */
 	uint8_t *rxbuf;
@@ -181,6 +194,17 @@ struct tcp_ctx {
 	bool copy_failed;   /* a staging copy of this fill pass failed */
 	uint64_t peer_ns; /* silence (or a stuck send) longer than this kills a connection */
 	uint8_t idx; /* this transport's index in the worker's list (kvp_xfer.tp) */
+	/*
+	 * Framing takes turns among the clients with transfers pending on a
+	 * connection: per round each frames at most a quantum of bytes
+	 * (by client slot: the round it last framed in, bytes framed in it,
+	 * the fill pass in which it found no staging buffer).
+	 */
+	uint32_t fill_round;
+	uint32_t fill_pass;
+	uint32_t *q_round;
+	uint64_t *q_used;
+	uint32_t *q_blocked;
 };
 
 static inline struct io_uring_sqe *
@@ -228,6 +252,12 @@ int stage_init(struct stage_pool *p, const struct kvp_config *cfg, int socket);
 void stage_fini(struct stage_pool *p);
 int32_t stage_get(struct stage_pool *p, struct kvp_worker_stats *st, int side);
 void stage_put(struct stage_pool *p, struct kvp_worker_stats *st, int32_t b);
+/* A sending buffer for client @p slot within its fair share; -1 if none (waiting counted). */
+int32_t stage_get_tx(struct stage_pool *p, struct kvp_worker_stats *st, uint16_t slot, bool wait);
+/* Give back a sending buffer of client @p slot. */
+void stage_put_tx(struct stage_pool *p, struct kvp_worker_stats *st, int32_t b, uint16_t slot);
+/* Forget who waited (each waiter says so again at its next try). */
+void stage_tick(struct stage_pool *p);
 
 /* tcp.c */
 void tcp_conn_fail(struct tcp_ctx *t, struct tcp_conn *c, const char *why);

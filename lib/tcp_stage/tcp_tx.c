@@ -3,11 +3,24 @@
  * TCP send side: turn transfers into frames (large segments split at
  * frame_max, small contiguous ones coalesced), gather queued frames into one
  * sendmsg per connection, and account for what the kernel took.
+ *
+ * Framing runs at most FRAME_AHEAD bytes ahead of the wire and takes turns
+ * among the clients whose transfers wait on the connection: a round gives
+ * each of them up to FILL_QUANTUM bytes of frames (its transfers in the
+ * order they came), so a client with a deep backlog does not queue
+ * gigabytes in front of another's transfer, and staging buffers go to the
+ * clients in turn (stage_get_tx()).
  */
 #include <errno.h>
 #include <string.h>
 
 #include "tcp_priv.h"
+
+/* Bytes of frames a client may queue per round: one largest frame. */
+#define FILL_QUANTUM(t) ((uint64_t)(t)->frame_max)
+/* Payload framed and not yet sent, per connection: a gather in flight and the next one. */
+#define FRAME_AHEAD(t) (2 * (uint64_t)(t)->frame_max > (1u << 20) ? 2 * (uint64_t)(t)->frame_max \
+								 : (1u << 20))
 
 static inline struct tx_frame *
 frame_at(struct tcp_conn *c, uint32_t i)
@@ -31,7 +44,18 @@ push_frame(struct tcp_conn *c, uint8_t type, uint32_t len, uint64_t tag, uint32_
 	f->xfer = xfer;
 	f->stage = -1;
 	f->nblk = 0;
+	f->owner = UINT16_MAX;
 	return f;
+}
+
+/* A sent, dropped or aborted frame gives its staging buffer back to its client's share. */
+static void
+frame_unstage(struct tcp_ctx *t, struct tx_frame *f)
+{
+	if (f->stage < 0)
+		return;
+	stage_put_tx(&t->stage, &t->w->stats, f->stage, f->owner);
+	f->stage = -1;
 }
 
 /* iovecs f's payload takes. */
@@ -104,11 +128,15 @@ frame_data(struct tcp_ctx *t, struct tcp_conn *c, struct kvp_xfer *x)
 	bool staged = must_stage || (strided && s->len < GATHER_IOV_MIN);
 	int32_t b = -1;
 
+	uint16_t owner = (uint16_t)kvp_client_slot(x->client);
+
 	if (staged) {
-		b = stage_get(&t->stage, &t->w->stats, STAGE_TX);
+		b = stage_get_tx(&t->stage, &t->w->stats, owner, must_stage);
 		/* Host memory never waits for a buffer: its blocks go by iovec then. */
-		if (b < 0 && must_stage)
+		if (b < 0 && must_stage) {
+			kvp_worker_xfer_waited(x);
 			return false;
+		}
 		staged = b >= 0;
 	}
 	uint64_t limit = staged && t->stage.buf_size < t->frame_max ? t->stage.buf_size
@@ -135,10 +163,12 @@ frame_data(struct tcp_ctx *t, struct tcp_conn *c, struct kvp_xfer *x)
 		f->hdr.aux2 = (uint32_t)p.len;
 		f->hdr.rsvd = (uint32_t)p.dst_stride;
 	}
+	c->framed += bytes;
 	if (staged) {
 		bool async = false;
 
 		f->stage = b;
+		f->owner = owner;
 		f->payload = stage_buf(&t->stage, b);
 		/* Started now, waited for once per pass (tcp_fill_tx), before anything is sent. */
 		int rc = kvp_copy_to_host(f->payload, p.seg->src, p.src_off, p.src_stride, p.len,
@@ -157,12 +187,17 @@ frame_data(struct tcp_ctx *t, struct tcp_conn *c, struct kvp_xfer *x)
 	return true;
 }
 
+/* Unlink @p x, which follows @p prev (NULL: the head), from the pending list. */
 static void
-pend_pop(struct tcp_conn *c)
+pend_unlink(struct tcp_conn *c, struct kvp_xfer *prev, struct kvp_xfer *x)
 {
-	c->pend_head = c->pend_head->next;
-	if (!c->pend_head)
-		c->pend_tail = NULL;
+	if (prev)
+		prev->next = x->next;
+	else
+		c->pend_head = x->next;
+	if (c->pend_tail == x)
+		c->pend_tail = prev;
+	x->next = NULL;
 }
 
 /*
@@ -192,31 +227,43 @@ copies_done(struct tcp_ctx *t, struct tcp_conn *c, uint32_t pass_start)
 	}
 }
 
-int
-tcp_fill_tx(struct tcp_ctx *t, struct tcp_conn *c)
+/* Room to frame more on @p c: one txq slot stays free so a transfer's END or ABORT always fits. */
+static inline bool
+fill_room(const struct tcp_ctx *t, const struct tcp_conn *c)
 {
-	uint32_t pass_start = c->tx_tail;
-	int work = 0;
+	return txq_room(c) >= 2 && c->framed < FRAME_AHEAD(t);
+}
 
-	/* One slot stays free so a transfer's END or ABORT always fits. */
-	while (c->pend_head && txq_room(c) >= 2) {
-		struct kvp_xfer *x = c->pend_head;
+/*
+ * Frame @p x (of client @p slot) until it is framed, its client's quantum
+ * of this round is used, or there is no room. @return false if it is
+ * unlinked (framed, or cancelled and aborted)
+ */
+static bool
+fill_xfer(struct tcp_ctx *t, struct tcp_conn *c, struct kvp_xfer *prev, struct kvp_xfer *x,
+	  uint32_t slot, int *work)
+{
+	if (x->status != KVP_OK) {
+		/* Cancelled mid-framing: tell the receiver to forget the tag. */
+		c->unsent -= kvp_plan_left(x);
+		push_frame(c, KVP_W_ABORT, 0, kvp_xfer_tag(x), x->idx)->hdr.rsvd = KVP_ABORT_F_ACK;
+		x->t_frames++;
+		x->t_state = TX_DRAIN;
+		pend_unlink(c, prev, x);
+		(*work)++;
+		return false;
+	}
+	while (fill_room(t, c) && t->q_used[slot] < FILL_QUANTUM(t)) {
+		uint64_t before = c->framed;
 
-		if (x->status != KVP_OK) {
-			/* Cancelled mid-framing: tell the receiver to forget the tag. */
-			c->unsent -= kvp_plan_left(x);
-			push_frame(c, KVP_W_ABORT, 0, kvp_xfer_tag(x), x->idx)->hdr.rsvd = KVP_ABORT_F_ACK;
-			x->t_frames++;
-			x->t_state = TX_DRAIN;
-			pend_pop(c);
-			work++;
-			continue;
-		}
 		if (!frame_data(t, c, x)) {
+			/* No staging buffer for this client now: the others go on. */
 			t->stage_blocked = true;
-			break;
+			t->q_blocked[slot] = t->fill_pass;
+			return true;
 		}
-		work++;
+		t->q_used[slot] += c->framed - before;
+		(*work)++;
 		if (x->t_seg == x->nseg) {
 			struct tx_frame *f = push_frame(c, KVP_W_END, 0, kvp_xfer_tag(x), x->idx);
 
@@ -226,8 +273,43 @@ tcp_fill_tx(struct tcp_ctx *t, struct tcp_conn *c)
 			f->hdr.aux2 = x->nseg;
 			x->t_frames++;
 			x->t_state = TX_FRAMED;
-			pend_pop(c);
+			pend_unlink(c, prev, x);
+			return false;
 		}
+	}
+	return true;
+}
+
+int
+tcp_fill_tx(struct tcp_ctx *t, struct tcp_conn *c)
+{
+	uint32_t pass_start = c->tx_tail;
+	int work = 0;
+	bool more = c->pend_head != NULL;
+
+	t->fill_pass++;
+	/* Rounds: each client with transfers pending frames up to its quantum, in list order. */
+	while (more && c->pend_head && fill_room(t, c)) {
+		uint32_t round = ++t->fill_round;
+		int before = work;
+
+		for (struct kvp_xfer *x = c->pend_head, *prev = NULL, *next; x && fill_room(t, c);
+		     x = next) {
+			uint32_t slot = kvp_client_slot(x->client);
+
+			next = x->next;
+			if (slot >= t->stage.nclients)
+				slot = 0;
+			if (t->q_round[slot] != round) {
+				t->q_round[slot] = round;
+				t->q_used[slot] = 0;
+			}
+			if ((t->q_blocked[slot] == t->fill_pass && x->status == KVP_OK) ||
+			    t->q_used[slot] >= FILL_QUANTUM(t) ||
+			    fill_xfer(t, c, prev, x, slot, &work))
+				prev = x; /* still pending */
+		}
+		more = work != before;
 	}
 	if (t->copies || t->copy_failed)
 		copies_done(t, c, pass_start);
@@ -242,14 +324,12 @@ frame_sent(struct tcp_ctx *t, struct tcp_conn *c, struct tx_frame *f, uint64_t n
 
 	if (is_data(f->hdr.type)) {
 		c->unsent -= f->hdr.len;
+		c->framed -= f->hdr.len;
 		KVP_STAT_ADD(ps->tx_bytes, f->hdr.len);
 		KVP_STAT_ADD(ps->link_tx_bytes[c->link], f->hdr.len);
 	}
 	KVP_STAT_ADD(ps->tx_frames, 1);
-	if (f->stage >= 0) {
-		stage_put(&t->stage, &w->stats, f->stage);
-		f->stage = -1;
-	}
+	frame_unstage(t, f);
 	if (f->xfer == NO_XFER)
 		return;
 	struct kvp_xfer *x = &w->xfers[f->xfer];
@@ -418,11 +498,9 @@ tcp_tx_cancel(struct tcp_ctx *t, struct tcp_conn *c, struct kvp_xfer *x, int sta
 			continue;
 		if (is_data(f->hdr.type)) {
 			/* Shrinks to a header-only ABORT: no payload read, stream stays framed. */
-			if (f->stage >= 0) {
-				stage_put(&t->stage, &w->stats, f->stage);
-				f->stage = -1;
-			}
+			frame_unstage(t, f);
 			c->unsent -= f->hdr.len;
+			c->framed -= f->hdr.len;
 			f->payload = NULL;
 			f->nblk = 0;
 			f->hdr.type = KVP_W_ABORT;
@@ -440,19 +518,14 @@ tcp_tx_cancel(struct tcp_ctx *t, struct tcp_conn *c, struct kvp_xfer *x, int sta
 void
 tcp_tx_reset(struct tcp_ctx *t, struct tcp_conn *c)
 {
-	for (uint32_t i = c->tx_done; i != c->tx_tail; i++) {
-		struct tx_frame *f = frame_at(c, i);
-
-		if (f->stage >= 0) {
-			stage_put(&t->stage, &t->w->stats, f->stage);
-			f->stage = -1;
-		}
-	}
+	for (uint32_t i = c->tx_done; i != c->tx_tail; i++)
+		frame_unstage(t, frame_at(c, i));
 	c->tx_done = c->tx_head = c->tx_tail = 0;
 	c->tx_partial = 0;
 	c->send_busy = false;
 	c->pend_head = c->pend_tail = NULL;
 	c->unsent = 0;
+	c->framed = 0;
 }
 
 /*

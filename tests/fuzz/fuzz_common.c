@@ -104,6 +104,8 @@ fuzz_node_init(struct kvp_node *n, struct kvp_config *cfg, const struct kvp_tran
 	kvp_node_env_init(&env);
 	env.tps[0] = tops;
 	env.ntps = env.nworkers = 1;
+	/* Each input's replies are read right after the loop ran: no helper threads. */
+	env.ctrl_inline = true;
 	if (kvp_node_init(n, cfg, &env, err, sizeof(err)) < 0) {
 		fprintf(stderr, "fuzz: kvp_node_init: %s\n", err);
 		abort();

@@ -172,7 +172,8 @@ sect_obj(json_t *status, json_t *stats, const char *sect, unsigned i)
 		return status;
 	if (strcmp(sect, "") == 0)
 		return stats;
-	if (strcmp(sect, "peers") == 0 || strcmp(sect, "workers") == 0)
+	if (strcmp(sect, "peers") == 0 || strcmp(sect, "workers") == 0 ||
+	    strcmp(sect, "clients") == 0)
 		return json_array_get(json_object_get(stats, sect), i);
 	if (strcmp(sect, "rails") == 0)
 		return json_array_get(json_object_get(json_object_get(stats, "rdma"), "rails"), i);
@@ -187,6 +188,7 @@ both_forms_agree(json_t *status, json_t *stats)
 {
 	static const char *const peer_l[] = { "peer=\"p0\"", "peer=\"p1\"" };
 	static const char *const worker_l[] = { "lcore=\"3\"", "lcore=\"5\"" };
+	static const char *const client_l[] = { "client=\"65536\"", "client=\"65538\"" };
 
 	for (unsigned k = 0; k < stat_nrows; k++) {
 		const struct stat_row *r = &stat_rows[k];
@@ -199,6 +201,8 @@ both_forms_agree(json_t *status, json_t *stats)
 			ninst = 2, inst_l = peer_l;
 		else if (strcmp(r->sect, "workers") == 0)
 			ninst = 2, inst_l = worker_l;
+		else if (strcmp(r->sect, "clients") == 0)
+			ninst = 2, inst_l = client_l;
 		for (unsigned i = 0; i < ninst; i++) {
 			json_t *o = sect_obj(status, stats, r->sect, i);
 			json_t *v = json_object_get(o, r->key);
@@ -347,6 +351,58 @@ without_rdma(void)
 	json_decref(stats);
 }
 
+/* Clients in slots 0 and 2 (slot 1 free), their rings and admission counts all different. */
+static struct kvp_client_conn clients[3];
+static struct kvp_chan chans[3];
+
+static void
+clients_fill(void)
+{
+	static const uint32_t slots[] = { 0, 2 };
+
+	node.clients = clients;
+	for (unsigned k = 0; k < 2; k++) {
+		uint32_t i = slots[k];
+		size_t len = kvp_chan_size(8, 8);
+		void *mem = aligned_alloc(4096, len);
+		struct kvp_chan_hdr *h = mem;
+
+		REQUIRE(mem && kvp_chan_init(mem, len, 8, 8, i | 1u << 16) == 0, "channel");
+		atomic_store(&h->sq.prod, 5 + k);
+		atomic_store(&h->cq.prod, 3 + k);
+		atomic_store(&h->cq.cons, 1);
+		atomic_store(&h->cq.overflow, 7 + k);
+		chans[i] = (struct kvp_chan){ .id = i | 1u << 16, .mem = mem, .len = len,
+					      .inflight = 2 + k };
+		chans[i].stats = (struct kvp_chan_stats){ 100 + k, 50 + k, 10 + k };
+		clients[i] = (struct kvp_client_conn){ .state = KVP_CL_ACTIVE, .id = i | 1u << 16,
+						       .pid = 4000 + (int)i, .chan = &chans[i],
+						       .worker = k };
+	}
+}
+
+static void
+clients_check(json_t *stats)
+{
+	json_t *arr = json_object_get(stats, "clients"), *c2 = json_array_get(arr, 1);
+
+	CHECK_EQ(json_array_size(arr), 2);
+	CHECK_EQ(json_integer_value(json_object_get(c2, "id")), 2 | 1u << 16);
+	CHECK_EQ(json_integer_value(json_object_get(c2, "pid")), 4002);
+	CHECK_EQ(json_integer_value(json_object_get(c2, "worker")), 1);
+	CHECK_EQ(json_integer_value(json_object_get(c2, "sq_depth")), 6);
+	CHECK_EQ(json_integer_value(json_object_get(c2, "cq_depth")), 3);
+	CHECK_EQ(json_integer_value(json_object_get(c2, "inflight")), 3);
+	CHECK_EQ(json_integer_value(json_object_get(c2, "admitted")), 101);
+	CHECK_EQ(json_integer_value(json_object_get(c2, "waited")), 51);
+	CHECK_EQ(json_integer_value(json_object_get(c2, "refused")), 11);
+	double v;
+	CHECK(prom_value("kvproxy_client_refused_total", "client=\"65538\"", "pid=\"4002\"", &v) &&
+	      v == 11);
+	CHECK(prom_value("kvproxy_client_refused_total", "client=\"65538\"", "worker=\"1\"", &v) &&
+	      v == 11);
+}
+
 int
 main(void)
 {
@@ -358,7 +414,7 @@ main(void)
 	kvp_config_defaults(&node.cfg);
 	snprintf(node.cfg.node_id, sizeof(node.cfg.node_id), "unit0");
 	node.cfg.npeers = 2;
-	node.cfg.max_clients = 0;
+	node.cfg.max_clients = 3;
 	node.cfg.tcp_conns = 2;
 	snprintf(node.cfg.peers[0].node_id, sizeof(node.cfg.peers[0].node_id), "p0");
 	snprintf(node.cfg.peers[1].node_id, sizeof(node.cfg.peers[1].node_id), "p1");
@@ -379,14 +435,18 @@ main(void)
 	node.env.rails[1] = (struct kvp_rail_info){ .dev = "rxe0", .port = 1, .rail = 2,
 						.paused = true, .numa_node = -1 };
 	fill();
+	clients_fill();
 
 	kvp_stats_prometheus(&node, text, sizeof(text));
 	json_t *status = stats_json(&node, "status"), *stats = stats_json(&node, "");
 	CHECK(json_is_object(status) && json_is_object(stats));
 	both_forms_agree(status, stats);
 	spot_checks(status, stats);
+	clients_check(stats);
 	json_decref(status);
 	json_decref(stats);
 	without_rdma();
+	free(chans[0].mem);
+	free(chans[2].mem);
 	return kvp_test_result("test_stats");
 }

@@ -13,7 +13,10 @@
  * completions that found the CQ full, deadlines (cancelled with timeout in
  * flight, or expired while queued in the ring; defaults and saturation),
  * cancel by user id from the client and from the admin socket, draining
- * (shutdown), and the parking of a client whose CQ is full (room_wakeup).
+ * (shutdown), the parking of a client whose CQ is full (room_wakeup), and
+ * fair admission: clients with work waiting take the slots in turn, a
+ * light client's transfer beside a heavy backlog takes the next slot that
+ * frees, and each client's admitted/waited/refused counts.
  * Every case asserts exact statuses and counts, and that every slot and
  * region reference comes back.
  */
@@ -42,6 +45,7 @@
 #define HOUR_NS    (3600ull * 1000 * MS)
 #define CLIENT_A   ((1u << 16) | 1u) /* slot 1, generation 1 */
 #define CLIENT_B   ((1u << 16) | 2u) /* slot 2, generation 1 */
+#define CLIENT_C   ((1u << 16) | 3u) /* slot 3, generation 1 */
 
 static struct kvp_config cfg;
 static struct kvp_region_table regions;
@@ -656,6 +660,138 @@ test_park(void)
 	expect_reclaimed();
 }
 
+/* The client whose transfer the stub was handed last. */
+static uint32_t
+last_posted(void)
+{
+	REQUIRE(nheld > 0, "nothing in flight");
+	return held[nheld - 1]->client;
+}
+
+/*
+ * Three clients with deep backlogs: the slots go round them, one each in
+ * turn, however the slots free; a client that runs dry drops out of the
+ * round and the others share; nobody waits past its turn.
+ */
+static void
+test_fair(void)
+{
+	struct client c[3];
+	const uint32_t ids[3] = { CLIENT_A, CLIENT_B, CLIENT_C };
+	unsigned got[3] = { 0 }, per = 20;
+	uint64_t now = kvp_mono_ns();
+
+	for (unsigned i = 0; i < 3; i++) {
+		client_open(&c[i], ids[i], SQN / 2);
+		for (uint64_t u = 0; u < per; u++)
+			submit(&c[i], u, now, HOUR_NS);
+	}
+	/* The first 8 slots: 3, 3 and 2, in turn. */
+	poll_worker();
+	CHECK_EQ(nheld, SLOTS);
+	for (unsigned k = 0; k < nheld; k++) {
+		CHECK_EQ(held[k]->client, ids[k % 3]);
+		got[k % 3]++;
+	}
+	/* One slot frees at a time: each goes to the next client in turn. */
+	for (unsigned k = 0; k < 24; k++) {
+		struct kvp_xfer *x = held[0];
+		uint32_t from = x->client;
+		uint64_t uid = x->user_id;
+
+		end_xfer(x, KVP_OK);
+		for (unsigned i = 0; i < 3; i++)
+			if (ids[i] == from)
+				EXPECT_DONE(&c[i], uid, KVP_OK);
+		poll_worker();
+		CHECK_EQ(last_posted(), ids[(SLOTS + k) % 3]);
+		for (unsigned i = 0; i < 3; i++)
+			got[i] += last_posted() == ids[i];
+	}
+	CHECK_EQ(got[0], 11);
+	CHECK_EQ(got[1], 11);
+	CHECK_EQ(got[2], 10);
+	/* The waits were counted once per transfer; nothing refused. */
+	for (unsigned i = 0; i < 3; i++) {
+		CHECK_EQ(c[i].ch.stats.admitted, got[i]);
+		CHECK(c[i].ch.stats.waited >= got[i] - 3);
+		CHECK(c[i].ch.stats.waited <= per);
+		CHECK_EQ(c[i].ch.stats.refused, 0);
+	}
+	end_all(KVP_OK);
+	for (unsigned i = 0; i < 3; i++) {
+		struct kvp_cqe e[SQN];
+
+		read_cq(&c[i], e, SQN);
+	}
+	/* The rest drains, nobody starved; then every slot comes back. */
+	for (unsigned round = 0; round < 3 * per && (sq_left(&c[0]) || sq_left(&c[1]) ||
+						    sq_left(&c[2]) || nheld);
+	     round++) {
+		poll_worker();
+		end_all(KVP_OK);
+		for (unsigned i = 0; i < 3; i++) {
+			struct kvp_cqe e[SQN];
+
+			read_cq(&c[i], e, SQN);
+		}
+	}
+	for (unsigned i = 0; i < 3; i++) {
+		CHECK_EQ(sq_left(&c[i]), 0);
+		CHECK_EQ(c[i].ch.stats.admitted, per);
+		client_close(&c[i]);
+	}
+	expect_reclaimed();
+}
+
+/*
+ * A heavy client (every slot, a backlog behind) and a light one that sends
+ * one transfer: the light one takes the next slot that frees, whatever the
+ * heavy one has queued, and never waits long enough for no-buffers.
+ */
+static void
+test_light_beside_heavy(void)
+{
+	struct client h, l;
+	uint64_t now = kvp_mono_ns();
+
+	client_open(&h, CLIENT_A, SQN / 2);
+	client_open(&l, CLIENT_B, SQN / 2);
+	for (uint64_t u = 0; u < 30; u++)
+		submit(&h, u, now, HOUR_NS);
+	poll_worker();
+	CHECK_EQ(nheld, SLOTS);
+	for (uint64_t u = 0; u < 5; u++) {
+		submit(&l, 1000 + u, kvp_mono_ns(), HOUR_NS);
+		poll_worker();
+		CHECK(held_of(CLIENT_B, 1000 + u) == NULL); /* no slot yet */
+		end_xfer(held_of(CLIENT_A, h.ch.stats.admitted - SLOTS), KVP_OK);
+		poll_worker();
+		/* The freed slot went to the light client, not to the backlog. */
+		struct kvp_xfer *x = held_of(CLIENT_B, 1000 + u);
+		CHECK(x != NULL);
+		end_xfer(x, KVP_OK);
+		EXPECT_DONE(&l, 1000 + u, KVP_OK);
+		poll_worker(); /* the heavy client refills the slot */
+		CHECK_EQ(nheld, SLOTS);
+	}
+	CHECK_EQ(l.ch.stats.admitted, 5);
+	CHECK_EQ(l.ch.stats.waited, 5);
+	CHECK_EQ(l.ch.stats.refused, 0);
+	CHECK_EQ(h.ch.stats.refused, 0);
+	while (sq_left(&h) || nheld) {
+		struct kvp_cqe e[SQN];
+
+		end_all(KVP_OK);
+		read_cq(&h, e, SQN);
+		poll_worker();
+	}
+	CHECK_EQ(h.ch.stats.admitted, 30);
+	client_close(&h);
+	client_close(&l);
+	expect_reclaimed();
+}
+
 static void
 setup(void)
 {
@@ -701,6 +837,8 @@ main(void)
 	test_cancel();
 	test_drain();
 	test_park();
+	test_fair();
+	test_light_beside_heavy();
 	CHECK_EQ(rte_mempool_avail_count(pool), 255);
 	kvp_worker_fini(&w);
 	kvp_region_table_fini(&regions);

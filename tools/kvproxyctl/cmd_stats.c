@@ -37,7 +37,8 @@ static const char *const cols_peers[] = {
 	"tx_xfers", "rx_xfers", "connects", "disconnects", "bad_frames", "last_error", NULL,
 };
 static const char *const cols_clients[] = {
-	"id", "pid", "worker", "sq_depth", "cq_depth", "inflight", "regions", "cq_overflow", NULL,
+	"id",	    "pid",	"worker",   "sq_depth", "cq_depth", "inflight", "regions",
+	"cq_overflow", "admitted", "waited", "refused", NULL,
 };
 static const char *const cols_workers[] = {
 	"worker",   "lcore",    "clients",  "inflight",	      "links_up",      "tx_bytes",
