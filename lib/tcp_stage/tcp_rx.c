@@ -302,8 +302,16 @@ on_end(struct tcp_ctx *t, struct tcp_conn *c, const struct kvp_wire_hdr *h)
 			uint32_t owner = r->owner;
 
 			kvp_region_put(r);
-			kvp_worker_landed(t->w, c->peer, owner, h->aux, h->key, e->bytes, h->aux2,
-					  e->first_ns);
+			/*
+			 * Every byte came before a fence that now matches, but the
+			 * END after it: the fence may have completed already, and
+			 * its client must see no landing after that. Refused.
+			 */
+			if (kvp_worker_fenced(t->w, owner, h->aux, 0, 1))
+				status = KVP_EREMOTE;
+			else
+				kvp_worker_landed(t->w, c->peer, owner, h->aux, h->key, e->bytes,
+						  h->aux2, e->first_ns);
 		} else {
 			status = KVP_EREMOTE; /* deregistered while landing */
 		}
