@@ -124,6 +124,8 @@ fill(void)
 	node.client_handshake_failures = v++;
 	node.ring_violations = v++;
 	node.client_accept_pauses = v++;
+	node.worker_clients[0] = (uint32_t)v++;
+	node.worker_clients[1] = (uint32_t)v++;
 	node.admin_stats = (struct kvp_admin_stats){ v, v + 1, v + 2, v + 3, v + 4, v + 5 };
 	mr = (struct kvp_mr_stats){ .regs = 11, .failures = 12, .dmabuf = 13, .peermem = 14,
 				    .deregs = 15, .reg_ns = 1600000, .reg_max_ns = 17000 };
@@ -287,11 +289,19 @@ spot_checks(json_t *status, json_t *stats)
 	CHECK_EQ(json_integer_value(json_object_get(p1, "conn_errors")),
 		 a->peer[1].conn_errors + b->peer[1].conn_errors);
 	CHECK_EQ(json_integer_value(json_object_get(p1, "connects")), node.peers[1].connects);
-	CHECK_EQ(json_array_size(json_object_get(p1, "link_tx_bytes")), node.cfg.tcp_conns);
+	/* tcp.connections per worker: a peer's links are every worker's. */
+	CHECK_EQ(json_array_size(json_object_get(p1, "link_tx_bytes")),
+		 node.cfg.tcp_conns * node.nworkers);
 	CHECK_EQ(json_integer_value(json_array_get(json_object_get(p1, "link_tx_bytes"), 1)),
 		 a->peer[1].link_tx_bytes[1] + b->peer[1].link_tx_bytes[1]);
 	CHECK_EQ(json_integer_value(json_object_get(w1, "lcore")), 5);
 	CHECK_EQ(json_integer_value(json_object_get(w1, "busy_ns")), b->busy_ns);
+	CHECK_EQ(json_integer_value(json_object_get(w1, "worker")), 1);
+	CHECK_EQ(json_integer_value(json_object_get(w1, "inflight")), 9);
+	CHECK_EQ(json_integer_value(json_object_get(w1, "clients")), node.worker_clients[1]);
+	CHECK_EQ(json_integer_value(json_object_get(w1, "tx_bytes")),
+		 b->peer[0].tx_bytes + b->peer[1].tx_bytes);
+	CHECK_EQ(json_integer_value(json_object_get(w1, "landings_forwarded")), b->xlanded);
 	double max_ms = (double)(a->fence_ns_max > b->fence_ns_max ? a->fence_ns_max
 								 : b->fence_ns_max) / 1e6;
 	CHECK(fabs(json_real_value(json_object_get(json_object_get(stats, "fences"), "max_ms")) -
@@ -366,7 +376,8 @@ clients_fill(void)
 					      .inflight = 2 + k };
 		chans[i].stats = (struct kvp_chan_stats){ 100 + k, 50 + k, 10 + k };
 		clients[i] = (struct kvp_client_conn){ .state = KVP_CL_ACTIVE, .id = i | 1u << 16,
-						       .pid = 4000 + (int)i, .chan = &chans[i] };
+						       .pid = 4000 + (int)i, .chan = &chans[i],
+						       .worker = k };
 	}
 }
 
@@ -378,6 +389,7 @@ clients_check(json_t *stats)
 	CHECK_EQ(json_array_size(arr), 2);
 	CHECK_EQ(json_integer_value(json_object_get(c2, "id")), 2 | 1u << 16);
 	CHECK_EQ(json_integer_value(json_object_get(c2, "pid")), 4002);
+	CHECK_EQ(json_integer_value(json_object_get(c2, "worker")), 1);
 	CHECK_EQ(json_integer_value(json_object_get(c2, "sq_depth")), 6);
 	CHECK_EQ(json_integer_value(json_object_get(c2, "cq_depth")), 3);
 	CHECK_EQ(json_integer_value(json_object_get(c2, "inflight")), 3);
@@ -386,6 +398,8 @@ clients_check(json_t *stats)
 	CHECK_EQ(json_integer_value(json_object_get(c2, "refused")), 11);
 	double v;
 	CHECK(prom_value("kvproxy_client_refused_total", "client=\"65538\"", "pid=\"4002\"", &v) &&
+	      v == 11);
+	CHECK(prom_value("kvproxy_client_refused_total", "client=\"65538\"", "worker=\"1\"", &v) &&
 	      v == 11);
 }
 
