@@ -4,8 +4,9 @@
  * EAL starts (it pins them). "auto" takes CPUs local to the devices the
  * node moves data through (the RDMA ports' PCI devices, else the network
  * interface of the listen address or of the route to the first peer),
- * within this process's CPU affinity; the worker lcore gets the first such
- * CPU, the main lcore another one if there is one. Explicit EAL lcore
+ * within this process's CPU affinity; the worker lcores (workers = N, 1 by
+ * default) get the first such CPUs, one each, then other allowed CPUs;
+ * the main lcore the next one if there is one. Explicit EAL lcore
  * arguments (-l, -c, --lcores) win; doctor then warns about lcores that are
  * not device-local.
  */
@@ -21,13 +22,16 @@
 char kvp_cores_why[512] = "EAL arguments";
 bool kvp_cores_dedicated;
 int kvp_cores_ncpus;
+int kvp_cores_dedicated_min;
 
 /*
- * CPUs this process may use for "auto" to give the worker a core of its own:
- * its own, the main lcore's, and two left for the clients and the kernel's
- * network work. Fewer, and a spinning worker starves what it waits for.
+ * CPUs beyond the workers' that "auto" needs before a worker counts as
+ * having a core of its own: the main lcore's, and two left for the clients
+ * and the kernel's network work. Fewer, and a spinning worker starves what
+ * it waits for. With one worker that is 4 CPUs (#17's rule); each further
+ * worker needs one more, or N spinning workers would share the spare CPUs.
  */
-#define DEDICATED_MIN_CPUS 4
+#define DEDICATED_SPARE_CPUS 3
 static char **args; /* the argv we built, freed at exit */
 
 static void
@@ -102,43 +106,63 @@ local_cpus(const struct kvp_config *cfg, char *list, size_t len, char *what, siz
 	snprintf(what, wlen, "%s (PCI %s)", ifname, d.pci);
 }
 
-/* Choose MAIN and WORKER CPUs for "auto". @return 0, or -ENOENT with no usable CPU. */
-static int
-pick_auto(const struct kvp_config *cfg, unsigned *main_cpu, unsigned *worker_cpu)
+/* "0,1,2" for @p n CPUs. */
+static void
+cpu_list(const unsigned *cpus, unsigned n, char *out, size_t len)
 {
-	char list[256], what[160];
+	size_t off = 0;
+
+	out[0] = '\0';
+	for (unsigned i = 0; i < n && off < len; i++)
+		off += (size_t)snprintf(out + off, len - off, "%s%u", i ? "," : "", cpus[i]);
+}
+
+/*
+ * Choose the MAIN CPU and @p nw WORKER CPUs for "auto": device-local CPUs
+ * first, then the other allowed ones, one CPU each while they last (then
+ * the workers share them, in turn). @return 0, or -ENOENT with no usable CPU.
+ */
+static int
+pick_auto(const struct kvp_config *cfg, unsigned nw, unsigned *main_cpu, unsigned *workers)
+{
+	char list[256], what[160], wl[256];
+	static unsigned order[CPU_SETSIZE];
+	unsigned n = 0, nlocal = 0;
 	cpu_set_t set;
-	int local[2] = { -1, -1 }, any[2] = { -1, -1 };
 
 	if (sched_getaffinity(0, sizeof(set), &set) < 0)
 		return -errno;
 	kvp_cores_ncpus = CPU_COUNT(&set);
-	kvp_cores_dedicated = kvp_cores_ncpus >= DEDICATED_MIN_CPUS;
+	kvp_cores_dedicated_min = (int)nw + DEDICATED_SPARE_CPUS;
+	kvp_cores_dedicated = kvp_cores_ncpus >= kvp_cores_dedicated_min;
 	local_cpus(cfg, list, sizeof(list), what, sizeof(what));
-	for (unsigned c = 0; c < CPU_SETSIZE; c++) {
-		if (!CPU_ISSET(c, &set))
-			continue;
-		int *slot = list[0] && kvp_topo_cpulist_has(list, c) ? local : any;
-		if (slot[0] < 0)
-			slot[0] = (int)c;
-		else if (slot[1] < 0)
-			slot[1] = (int)c;
-	}
-	if (local[0] >= 0) {
-		*worker_cpu = (unsigned)local[0];
-		*main_cpu = (unsigned)(local[1] >= 0 ? local[1] : any[0] >= 0 ? any[0] : local[0]);
-		snprintf(kvp_cores_why, sizeof(kvp_cores_why),
-			 "auto: worker on CPU %u, main on CPU %u; local to %s: %s", *worker_cpu,
-			 *main_cpu, what, list);
-		return 0;
-	}
-	if (any[0] < 0)
+	for (int pass = 0; pass < 2; pass++)
+		for (unsigned c = 0; c < CPU_SETSIZE; c++)
+			if (CPU_ISSET(c, &set) &&
+			    (list[0] && kvp_topo_cpulist_has(list, c)) == (pass == 0)) {
+				order[n++] = c;
+				nlocal += pass == 0;
+			}
+	if (n == 0)
 		return -ENOENT;
-	*worker_cpu = (unsigned)any[0];
-	*main_cpu = (unsigned)(any[1] >= 0 ? any[1] : any[0]);
-	snprintf(kvp_cores_why, sizeof(kvp_cores_why),
-		 "auto: worker on CPU %u, main on CPU %u; no device-local CPU allowed (%s%s%s)",
-		 *worker_cpu, *main_cpu, what, list[0] ? ", local: " : "", list);
+	for (unsigned i = 0; i < nw; i++)
+		workers[i] = order[i % n];
+	*main_cpu = order[nw < n ? nw : n > 1 ? 1 : 0];
+	cpu_list(workers, nw, wl, sizeof(wl));
+	if (nw == 1)
+		snprintf(kvp_cores_why, sizeof(kvp_cores_why), "auto: worker on CPU %s, main on CPU %u",
+			 wl, *main_cpu);
+	else
+		snprintf(kvp_cores_why, sizeof(kvp_cores_why),
+			 "auto: %u workers on CPUs %s, main on CPU %u%s", nw, wl, *main_cpu,
+			 nw > n ? " (fewer CPUs allowed than workers: they share)" : "");
+	size_t l = strlen(kvp_cores_why);
+	if (nlocal)
+		snprintf(kvp_cores_why + l, sizeof(kvp_cores_why) - l, "; local to %s: %s", what, list);
+	else
+		snprintf(kvp_cores_why + l, sizeof(kvp_cores_why) - l,
+			 "; no device-local CPU allowed (%s%s%s)", what, list[0] ? ", local: " : "",
+			 list);
 	return 0;
 }
 
@@ -146,10 +170,11 @@ char **
 kvp_cores_eal_args(int *argc, char **argv)
 {
 	static char opt[] = "--lcores";
-	static char map[64];
+	static char map[16 * (KVP_WORKERS_MAX + 1)];
+	static unsigned w[KVP_WORKERS_MAX];
 	struct kvp_config cfg;
 	char err[512];
-	unsigned m, w;
+	unsigned m, nw = 1;
 	const char *conf = conf_path(*argc, argv);
 
 	if (!conf || eal_sets_lcores(*argc, argv))
@@ -158,20 +183,23 @@ kvp_cores_eal_args(int *argc, char **argv)
 	if (kvp_config_load(conf, &cfg, err, sizeof(err)) < 0 || cfg.cores[0] == '\0')
 		return argv;
 	if (strcmp(cfg.cores, "auto") == 0) {
-		if (pick_auto(&cfg, &m, &w) < 0)
+		nw = cfg.workers ? cfg.workers : 1;
+		if (pick_auto(&cfg, nw, &m, w) < 0)
 			return argv;
 	} else {
-		if (sscanf(cfg.cores, "%u,%u", &m, &w) != 2)
+		if (sscanf(cfg.cores, "%u,%u", &m, &w[0]) != 2)
 			return argv;
 		snprintf(kvp_cores_why, sizeof(kvp_cores_why),
-			 "configured: worker on CPU %u, main on CPU %u", w, m);
+			 "configured: worker on CPU %u, main on CPU %u", w[0], m);
 	}
 	char **v = calloc((size_t)*argc + 3, sizeof(*v));
 	if (!v)
 		return argv;
 	args = v;
 	atexit(free_args);
-	snprintf(map, sizeof(map), "0@%u,1@%u", m, w);
+	size_t off = (size_t)snprintf(map, sizeof(map), "0@%u", m);
+	for (unsigned i = 0; i < nw && off < sizeof(map); i++)
+		off += (size_t)snprintf(map + off, sizeof(map) - off, ",%u@%u", i + 1, w[i]);
 	v[0] = argv[0];
 	v[1] = opt;
 	v[2] = map;

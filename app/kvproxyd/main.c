@@ -257,6 +257,37 @@ describe_gpus(struct kvp_node_env *env, int ngpu)
 }
 
 /*
+ * The worker lcores: every one the EAL was given, or the first cfg->workers
+ * of them; each runs a worker (its clients, links, queue pairs, io_uring
+ * and staging pool). @return 0, or -EINVAL (said why) when there are fewer
+ * than asked for
+ */
+static int
+pick_workers(const struct kvp_config *cfg, struct kvp_node_env *env)
+{
+	unsigned lc, given = rte_lcore_count() - 1;
+
+	env->nworkers = 0;
+	RTE_LCORE_FOREACH_WORKER(lc) {
+		if (env->nworkers == KVP_WORKERS_MAX || (cfg->workers && env->nworkers == cfg->workers))
+			break;
+		env->lcores[env->nworkers++] = lc;
+	}
+	if (cfg->workers && env->nworkers < cfg->workers) {
+		fprintf(stderr,
+			"kvproxyd: workers = %u but the EAL has %u worker lcore(s): give it more "
+			"(-l/--lcores) or set cores = \"auto\"\n",
+			cfg->workers, given);
+		env->nworkers = 0;
+		return -EINVAL;
+	}
+	if (given > env->nworkers)
+		KVP_LOG(WARNING, app, "%u worker lcores given; running %u (workers = %u)", given,
+			env->nworkers, cfg->workers);
+	return 0;
+}
+
+/*
  * kvproxyd moves data through verbs and sockets, never through DPDK PMDs:
  * unless the user names PCI devices, keep the EAL away from the host's NICs.
  */
@@ -311,11 +342,14 @@ main(int argc, char **argv)
 		fprintf(stderr, "%s\n", err);
 		return 1;
 	}
+	/* Before the EAL: the workers the configuration asks for (EAL lcores may add more). */
+	unsigned want_workers = cfg.workers ? cfg.workers : 1;
+
 	if (app.check) {
-		uint64_t need = kvp_node_fd_need(&cfg);
+		uint64_t need = kvp_node_fd_need(&cfg, want_workers);
 
 		/* The limit is the service's, not this shell's: say it, do not fail on it. */
-		if (kvp_node_fd_limit(&cfg, false, fdmsg, sizeof(fdmsg)) < 0)
+		if (kvp_node_fd_limit(&cfg, want_workers, false, fdmsg, sizeof(fdmsg)) < 0)
 			fprintf(stderr, "kvproxyd: warning: %s\n", fdmsg);
 		printf("%s: configuration ok (node %s, %u peer(s) of at most %u, listen %s:%u, %s; "
 		       "needs up to %" PRIu64 " open files)\n",
@@ -327,32 +361,37 @@ main(int argc, char **argv)
 		       need);
 		return 0;
 	}
-	if (app.conf && kvp_node_fd_limit(&cfg, true, fdmsg, sizeof(fdmsg)) < 0) {
+	if (app.conf && kvp_node_fd_limit(&cfg, want_workers, true, fdmsg, sizeof(fdmsg)) < 0) {
 		fprintf(stderr, "kvproxyd: %s\n", fdmsg);
 		return 1;
 	}
 
 	argv = kvp_cores_eal_args(&argc, argv);
 	/*
-	 * A worker with a core of its own polls without sleeping unless the
+	 * Workers with cores of their own poll without sleeping unless the
 	 * file says otherwise: measured, waking a sleeping worker costs 2 to
-	 * 20 us per hop of a small transfer.
+	 * 20 us per hop of a small transfer. "Of their own" is #17's rule
+	 * (4 CPUs for one worker) with one more CPU per further worker.
 	 */
 	if (kvp_cores_dedicated && !cfg.busy_poll_set) {
 		size_t l = strlen(kvp_cores_why);
 
 		cfg.busy_poll = true;
 		snprintf(kvp_cores_why + l, sizeof(kvp_cores_why) - l,
-			 "; the worker has a core of its own (%d CPUs allowed): busy polling "
-			 "(poll.busy = true; set poll.busy in the file to choose)",
-			 kvp_cores_ncpus);
+			 "; busy polling: each worker has a core of its own (%d CPUs allowed, "
+			 "%d wanted) (poll.busy = true; set poll.busy in the file to choose)",
+			 kvp_cores_ncpus, kvp_cores_dedicated_min);
 	} else if (strncmp(kvp_cores_why, "auto", 4) == 0) {
 		size_t l = strlen(kvp_cores_why);
 
-		snprintf(kvp_cores_why + l, sizeof(kvp_cores_why) - l,
-			 "; %s", cfg.busy_poll ? "busy polling (poll.busy)"
-				: "idle back-off after poll.idle_us (fewer than 4 CPUs allowed, or "
-				  "poll.busy = false in the file)");
+		if (cfg.busy_poll)
+			snprintf(kvp_cores_why + l, sizeof(kvp_cores_why) - l,
+				 "; busy polling (poll.busy)");
+		else
+			snprintf(kvp_cores_why + l, sizeof(kvp_cores_why) - l,
+				 "; idle back-off after poll.idle_us (%d CPUs allowed, busy polling "
+				 "wants %d: the workers + main + 2; or poll.busy = false in the file)",
+				 kvp_cores_ncpus, kvp_cores_dedicated_min);
 	}
 	char **orig_argv = argv;
 
@@ -409,10 +448,14 @@ main(int argc, char **argv)
 	describe_gpus(&env, ngpu);
 	env.cores_why = kvp_cores_why;
 	env.config_path = app.conf;
-	/* The data path runs on one worker lcore; connections and clients all live there. */
-	unsigned lcore = rte_get_next_lcore(-1, 1, 0);
-	env.nworkers = 1;
-	env.lcores[0] = lcore;
+	if (pick_workers(&cfg, &env) < 0 ||
+	    kvp_node_fd_limit(&cfg, env.nworkers, true, fdmsg, sizeof(fdmsg)) < 0) {
+		if (env.nworkers)
+			fprintf(stderr, "kvproxyd: %s\n", fdmsg);
+		kvp_gdr_close();
+		rte_eal_cleanup();
+		return 1;
+	}
 	if (kvp_node_init(&node, &cfg, &env, err, sizeof(err)) < 0) {
 		fprintf(stderr, "kvproxyd: %s\n", err);
 		kvp_gdr_close();
@@ -421,20 +464,23 @@ main(int argc, char **argv)
 	}
 	/* Say at start what doctor would: transport, and lcores not local to the NICs. */
 	kvp_node_log_doctor(&node);
-	if (rte_lcore_count() > 2)
-		KVP_LOG(WARNING, app, "%u lcores given; this version uses one worker (lcore %u)",
-			rte_lcore_count(), lcore);
-	ret = rte_eal_remote_launch(kvp_worker_loop, &node.workers[0], lcore);
-	if (ret < 0) {
-		fprintf(stderr, "kvproxyd: cannot launch worker on lcore %u\n", lcore);
-		kvp_node_fini(&node);
-		kvp_gdr_close();
-		rte_eal_cleanup();
-		return 1;
+	for (unsigned i = 0; i < env.nworkers; i++) {
+		ret = rte_eal_remote_launch(kvp_worker_loop, &node.workers[i], env.lcores[i]);
+		if (ret < 0) {
+			fprintf(stderr, "kvproxyd: cannot launch worker %u on lcore %u\n", i,
+				env.lcores[i]);
+			kvp_node_stop_workers(&node);
+			rte_eal_mp_wait_lcore();
+			kvp_node_fini(&node);
+			kvp_gdr_close();
+			rte_eal_cleanup();
+			return 1;
+		}
 	}
-	KVP_LOG(NOTICE, app, "node %s ready: clients %s, admin %s, peers on %s:%u, %u peer(s)",
+	KVP_LOG(NOTICE, app,
+		"node %s ready: clients %s, admin %s, peers on %s:%u, %u peer(s), %u worker(s)",
 		cfg.node_id, cfg.client_socket, cfg.admin_socket, cfg.listen_host, cfg.listen_port,
-		cfg.npeers);
+		cfg.npeers, env.nworkers);
 	while (!stop) {
 		kvp_node_poll(&node, 100);
 		if (reload) {

@@ -65,20 +65,30 @@ kvp_worker_loop(void *arg)
 			/* Runtime knobs (config_set): relaxed loads of the main lcore's stores. */
 			bool busy = KVP_STAT_READ(w->cfg->busy_poll);
 
-			if (!busy &&
-			    now - idle_since >= (uint64_t)KVP_STAT_READ(w->cfg->idle_us) * 1000)
-				worker_sleep(w);
-			else if (busy)
+			if (busy) {
 				rte_pause();
-			else
+			} else {
+				if (now - idle_since >= (uint64_t)KVP_STAT_READ(w->cfg->idle_us) * 1000)
+					worker_sleep(w);
+				else
+					/*
+					 * The spin before sleeping gives way to whatever
+					 * is runnable here: on a shared CPU that is often
+					 * the very thread that must answer (a client
+					 * reading its completion, the peer's worker),
+					 * which a spin would hold off for poll.idle_us.
+					 */
+					sched_yield();
 				/*
-				 * The spin before sleeping gives way to whatever is
-				 * runnable here: on a shared CPU that is often the
-				 * very thread that must answer (a client reading
-				 * its completion, the peer's worker), which a spin
-				 * would hold off for poll.idle_us.
+				 * Blocked, or yielded the CPU, with nothing to do: idle.
+				 * Counted here, so the pass that wakes up measures only
+				 * its own work.
 				 */
-				sched_yield();
+				uint64_t woke = kvp_mono_ns();
+
+				KVP_STAT_ADD(w->stats.idle_ns, woke - now);
+				now = woke;
+			}
 		}
 		prev = now;
 	}

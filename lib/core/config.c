@@ -35,6 +35,7 @@ const struct conf_row config_rows[] = {
 	{ "listen", CT_HOSTPORT, F(listen_host), 0, 0, 0, "127.0.0.1:7400", 0 },
 	{ "transport", CT_TRANSPORT, F(transport), 0, 0, 0, "tcp", 0 },
 	{ "cores", CT_CORES, F(cores), 0, 0, 0, "", 0 },
+	U32("workers", workers, 0, KVP_WORKERS_MAX, 0),
 	{ "log_level", CT_LOGLEVEL, F(log_level), 0, 0, 0, "info", RT },
 	U32("limits.max_clients", max_clients, 1, 1024, 16),
 	U32("limits.max_peers", max_peers, 1, KVP_PEERS_MAX, 64),
@@ -60,7 +61,7 @@ const struct conf_row config_rows[] = {
 	U32("tcp.rx_buffer", tcp_rx_buffer, 4096, 1u << 30, 256u << 10),
 	U32("tcp.tx_frames", tcp_tx_frames, 8, 65536, 512),
 	U32("tcp.send_iov", tcp_send_iov, 2, 512, 64),
-	U32("tcp.connections", tcp_conns, 1, KVP_LINKS_MAX, 2),
+	U32("tcp.connections", tcp_conns, 1, KVP_TCP_CONNS_MAX, 2),
 	{ "tcp.zerocopy", CT_BOOL, F(tcp_zerocopy), 0, 0, 0, NULL, 0 },
 	{ "tcp.fixed_buffers", CT_BOOL, F(tcp_fixed), 0, 0, 1, NULL, 0 },
 	STR("tcp.congestion", tcp_congestion, ""),
@@ -629,6 +630,19 @@ kvp_config_load(const char *path, struct kvp_config *cfg, char *err, size_t errl
 				     "stats.file: expected an absolute path of a file or \"\"");
 			goto out;
 		}
+	}
+	if (cfg->workers > 1 && cfg->cores[0] && strcmp(cfg->cores, "auto") != 0) {
+		rc = fail_at(&e, config_lookup(&lc, "workers"),
+			     "workers = %u: cores = \"%s\" names one worker CPU; use cores = \"auto\" "
+			     "or the EAL's -l/--lcores for more",
+			     cfg->workers, cfg->cores);
+		goto out;
+	}
+	if ((uint64_t)(cfg->workers ? cfg->workers : 1) * cfg->tcp_conns > KVP_LINKS_MAX) {
+		rc = fail_at(&e, config_lookup(&lc, "workers"),
+			     "workers (%u) x tcp.connections (%u): at most %u links per peer",
+			     cfg->workers, cfg->tcp_conns, KVP_LINKS_MAX);
+		goto out;
 	}
 	rc = check_auth(cfg, &lc, &e);
 	if (rc < 0)

@@ -25,8 +25,12 @@
  */
 #define KVP_PEER_SLOT_BITS 10
 #define KVP_PEERS_MAX	   (1u << KVP_PEER_SLOT_BITS)
-/** Most TCP connections (links) per peer and direction. */
-#define KVP_LINKS_MAX 8
+/** Most worker lcores per node. */
+#define KVP_WORKERS_MAX 64
+/** Most TCP connections per worker, peer and direction (tcp.connections). */
+#define KVP_TCP_CONNS_MAX 8
+/** Most TCP connections (links) per peer and direction: workers x tcp.connections. */
+#define KVP_LINKS_MAX 64
 #define KVP_PATH_MAX  108 /* sun_path */
 
 struct kvp_peer_conf {
@@ -57,12 +61,15 @@ struct kvp_config {
 	uint16_t listen_port;
 	int transport; /**< enum kvp_transport_kind */
 	char cores[16]; /**< "" (EAL arguments decide), "auto" (device-local), "MAIN,WORKER" */
+	uint32_t workers; /**< worker lcores: with cores = "auto" how many to place; with EAL
+			       lcore arguments how many of them to run; 0 = the default (auto: 1,
+			       EAL: every worker lcore given) */
 	int log_level; /**< RTE_LOG_* */
 
 	uint32_t max_clients;
 	uint32_t max_peers; /**< peer slots: every per-peer table is sized from it at start */
 	uint32_t max_regions;
-	uint32_t max_inflight;
+	uint32_t max_inflight; /**< transfers in flight (per worker) */
 	uint32_t max_segments;
 	uint32_t max_blocks; /**< blocks in one strided segment */
 	uint32_t max_fences; /**< fences held at once (per worker) */
@@ -87,7 +94,7 @@ struct kvp_config {
 	uint32_t tcp_rx_buffer;
 	uint32_t tcp_tx_frames;
 	uint32_t tcp_send_iov;
-	uint32_t tcp_conns;	/**< TCP connections per peer and direction (links) */
+	uint32_t tcp_conns;	/**< TCP connections per worker, peer and direction (links) */
 	bool tcp_zerocopy;	/**< IORING_OP_SENDMSG_ZC instead of copying sends */
 	bool tcp_fixed;		/**< receive buffers as io_uring registered buffers (read_fixed) */
 	char tcp_congestion[16];   /**< TCP congestion control of peer links; "" = the system's */

@@ -64,6 +64,8 @@ struct kvp_worker_stats {
 	uint64_t fenced_xfers;	  /**< incoming transfers (or parts) a fence refused */
 	uint64_t fenced_bytes;	  /**< bytes of them */
 	uint64_t fence_ns_max;	  /**< longest time from a fence to nothing more landing */
+	uint64_t xlanded;	  /**< landing notices handed to the client's own worker */
+	uint64_t xmsg_lost;	  /**< messages to another worker lost: its ring was full */
 	uint64_t completions[KVP_STATUS_MAX];
 	struct kvp_peer_stats *peer; /**< limits.max_peers rows, by peer slot */
 	/* RDMA transport. */

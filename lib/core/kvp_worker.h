@@ -6,6 +6,10 @@
  *
  * Threading: a worker and everything it owns is touched only on its lcore,
  * except where a field says otherwise (relaxed reads by the main lcore).
+ * Workers reach each other only through messages on their cross-worker
+ * rings (kvp_worker_xsend()): a client belongs to one worker, which runs
+ * its transfers from submission to DONE; bytes for its regions may land on
+ * any worker, whose landing notice travels to the client's worker.
  *
  * Memory: every table is sized from the configuration at start-up; nothing
  * here allocates afterwards.
@@ -247,9 +251,16 @@ enum kvp_fence_state {
 	KVP_FENCE_FREE = 0,
 	KVP_FENCE_PENDING, /**< a transport may still land matching bytes */
 	KVP_FENCE_HOLD,	   /**< nothing can land; completion delivered (or owed), still refusing */
+	KVP_FENCE_DYING,   /**< expired or its client gone; the other workers are still to be told */
 };
 
-/** A fence a client set on the transfers landing in its regions (worker-owned). */
+/**
+ * A fence a client set on the transfers landing in its regions. The
+ * client's worker owns it; every other worker of the node holds a mirror
+ * (its own links land bytes into the client's regions too), set up and torn
+ * down by cross-worker messages, which says when nothing can land through
+ * that worker's links any more.
+ */
 struct kvp_fence {
 	uint8_t state;	 /**< enum kvp_fence_state */
 	bool owed;	 /**< its completion waits for room in the CQ */
@@ -262,13 +273,71 @@ struct kvp_fence {
 	uint64_t started_ns;
 	uint64_t expires_ns;   /**< forgotten after */
 	uint64_t dropped;      /**< bytes refused */
+	uint32_t xid;	       /**< serial on its owning worker: names it in cross-worker messages */
+	uint8_t origin;	       /**< the owning worker (a mirror's, or this worker's own) */
+	bool mirror;	       /**< a copy of another worker's fence */
+	bool local_clear;      /**< own: this worker's transports can land nothing more of it */
+	bool clear_owed;       /**< mirror: its CLEAR waits for room towards the owner */
+	uint64_t waiting;      /**< own: other workers whose CLEAR has not come (bit per worker) */
+	uint64_t del_owed;     /**< own, DYING: other workers not yet told to drop their mirror */
 };
 
 static inline bool
 kvp_fence_match(const struct kvp_fence *f, uint32_t owner, uint64_t user_id)
 {
-	return f->state != KVP_FENCE_FREE && f->owner == owner && (user_id & f->mask) == f->value;
+	return (f->state == KVP_FENCE_PENDING || f->state == KVP_FENCE_HOLD) &&
+	       f->owner == owner && (user_id & f->mask) == f->value;
 }
+
+/* ---- several workers: links, clients and the messages between workers ---- */
+
+/**
+ * The worker that owns link @p link of a peer, in either direction: links
+ * go round the workers, so each worker holds tcp.connections links of
+ * every peer it sends to, and the links a peer dials spread over the
+ * workers that receive.
+ */
+static inline unsigned
+kvp_link_worker(unsigned link, unsigned nworkers)
+{
+	return link % nworkers;
+}
+
+/** The place of link @p link among its worker's links of that peer (0 carries the peer control channel). */
+static inline unsigned
+kvp_link_slot(unsigned link, unsigned nworkers)
+{
+	return link / nworkers;
+}
+
+/** Messages between two workers (one SPSC rte_ring per ordered pair, by value). */
+enum kvp_xmsg_type {
+	KVP_XM_LANDED = 1, /**< a transfer landed in a region of one of your clients */
+	KVP_XM_FENCE_SET,  /**< owner -> others: hold a mirror of this fence */
+	KVP_XM_FENCE_DEL,  /**< owner -> others: drop the mirror (fence expired or client gone) */
+	KVP_XM_FENCE_CLEAR, /**< mirror -> owner: nothing of it can land through my links any more */
+};
+
+struct kvp_xmsg {
+	uint8_t type;	  /**< enum kvp_xmsg_type */
+	uint8_t from;	  /**< the sending worker */
+	uint16_t peer;	  /**< LANDED: the peer it came from */
+	uint32_t owner;	  /**< the client */
+	uint64_t user_id; /**< LANDED: the transfer's; FENCE_SET: the fence's value */
+	uint64_t key;	  /**< LANDED: the first destination region; FENCE_SET: the mask */
+	uint64_t bytes;	  /**< LANDED: payload; FENCE_CLEAR: bytes the mirror refused */
+	uint64_t t0;	  /**< LANDED: first byte in; FENCE_SET: when it was set */
+	uint64_t t1;	  /**< LANDED: last byte landed; FENCE_SET: when it expires */
+	uint32_t nseg;	  /**< LANDED */
+	uint32_t xid;	  /**< FENCE_*: the fence's serial on its owner */
+	uint32_t flags;	  /**< FENCE_CLEAR: KVP_XM_F_FORCED */
+	uint16_t handle;  /**< LANDED: the peer's handle (the slot's generation) where it landed */
+	uint16_t rsvd;
+};
+
+#define KVP_XM_F_FORCED 0x1u /**< the mirror had to force its transports */
+
+static_assert(sizeof(struct kvp_xmsg) == 64, "one cache line per cross-worker message");
 
 /**
  * Admission counts of one client (its worker writes, the main lcore reads
@@ -391,6 +460,13 @@ struct kvp_worker_peer {
 struct kvp_worker {
 	unsigned idx;
 	unsigned lcore;
+	unsigned nworkers;	 /**< workers of the node (kvp_workers_join()) */
+	struct kvp_worker *all;	 /**< the node's workers, [0, nworkers) */
+	/** By client slot: the worker that owns the client (written by the main lcore before
+	 *  the client's channel or regions exist; read relaxed). */
+	const uint8_t *client_worker;
+	struct rte_ring **xin;	 /**< [from]: messages from each other worker (NULL for itself) */
+	int sleeping;		 /**< set while blocked: a cross-worker sender rings evfd */
 	const struct kvp_config *cfg;
 	struct kvp_region_table *regions;
 	struct kvp_tp tp[KVP_TP_MAX]; /**< its transports, in the order transfers are offered */
@@ -426,9 +502,11 @@ struct kvp_worker {
 	uint64_t next_timer_ns;
 	volatile bool quit;
 	bool draining; /**< set by the main lcore: refuse new submissions (relaxed) */
-	struct kvp_fence *fences; /**< cfg->max_fences slots */
+	struct kvp_fence *fences; /**< cfg->max_fences * nworkers slots: its own and mirrors */
 	uint32_t nfences;	  /**< slots in use */
+	uint32_t nfences_own;	  /**< of them, its own clients' (at most cfg->max_fences) */
 	uint32_t fences_pending;  /**< of them, not yet known to hold */
+	uint32_t fence_xid;	  /**< last serial given to one of its fences */
 	struct kvp_worker_stats stats;
 	struct kvp_hist *hist; /**< [peer slot * KVP_HP_MAX + phase], limits.max_peers rows */
 	struct kvp_slowest slowest;
@@ -450,6 +528,16 @@ int kvp_worker_init(struct kvp_worker *w, unsigned idx, const struct kvp_config 
 		    struct kvp_region_table *regions, struct rte_mempool *msg_pool);
 
 /**
+ * Make @p n initialised workers one node's (start-up only, before their
+ * transports): each learns the others, gets a ring from each other worker
+ * and a fence table with room for mirrors of theirs.
+ *
+ * @param client_worker  by client slot, the worker owning the client (the caller's)
+ * @return 0, -ENOMEM
+ */
+int kvp_workers_join(struct kvp_worker *all, unsigned n, const uint8_t *client_worker);
+
+/**
  * Create the worker's transports, in the order transfers are offered to
  * them (start-up only).
  *
@@ -467,8 +555,17 @@ int kvp_worker_progress(struct kvp_worker *w);
 /** Before sleeping: the fds of its transports to wait on (up to @p max). @return how many */
 unsigned kvp_worker_sleep_fds(struct kvp_worker *w, int *fds, unsigned max);
 
-/** Handle messages from the main lcore. @return messages handled */
+/** Handle messages from the main lcore and from the other workers. @return messages handled */
 int kvp_worker_inbox(struct kvp_worker *w);
+
+/**
+ * Post a message to worker @p to (wakes it if it sleeps). @return 0;
+ * -ENOBUFS if the ring towards it is full (counted in stats.xmsg_lost)
+ */
+int kvp_worker_xsend(struct kvp_worker *w, unsigned to, const struct kvp_xmsg *m);
+
+/** Messages the ring towards worker @p to can take now. */
+unsigned kvp_worker_xroom(const struct kvp_worker *w, unsigned to);
 
 /** Pick up submissions from every channel. @return SQ entries consumed */
 int kvp_worker_poll_chans(struct kvp_worker *w);

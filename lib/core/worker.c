@@ -23,6 +23,7 @@
 #define TIMER_PERIOD_NS 1000000ull /* deadline scan: 1 ms */
 /* Room for a message per peer slot at once (a reload that adds or removes many). */
 #define MSG_RING_SIZE	4096
+#define XRING_MAX	(1u << 16) /* cross-worker messages queued per ordered pair, at most */
 
 int
 kvp_worker_init(struct kvp_worker *w, unsigned idx, const struct kvp_config *cfg,
@@ -33,6 +34,8 @@ kvp_worker_init(struct kvp_worker *w, unsigned idx, const struct kvp_config *cfg
 
 	memset(w, 0, sizeof(*w));
 	w->idx = idx;
+	w->nworkers = 1;
+	w->all = w;
 	w->cfg = cfg;
 	w->regions = regions;
 	w->conn_tp = w->pchan_tp = -1;
@@ -89,10 +92,62 @@ err_free:
 	return -ENOMEM;
 }
 
+/*
+ * A ring per ordered pair of workers, so each has one producer and one
+ * consumer and its producer can trust the room it sees: fence messages are
+ * sent only where they fit (see fence.c). Sized for landing notices of a
+ * few windows of transfers; a full ring loses a landing notice (counted),
+ * never a fence message.
+ */
+int
+kvp_workers_join(struct kvp_worker *all, unsigned n, const uint8_t *client_worker)
+{
+	char name[RTE_RING_NAMESIZE];
+
+	for (unsigned i = 0; i < n; i++) {
+		struct kvp_worker *w = &all[i];
+		const struct kvp_config *cfg = w->cfg;
+		int socket = rte_socket_id();
+		uint32_t size = kvp_pow2_ceil(4 * cfg->max_inflight + 256);
+
+		w->nworkers = n;
+		w->all = all;
+		w->client_worker = client_worker;
+		if (n == 1)
+			continue;
+		if (size > XRING_MAX)
+			size = XRING_MAX;
+		/* Room for a mirror of every other worker's fences as well as its own. */
+		struct kvp_fence *f = rte_zmalloc_socket(
+			"kvp_fences", sizeof(*f) * (size_t)cfg->max_fences * n, 64, socket);
+		w->xin = rte_zmalloc_socket("kvp_xin", sizeof(*w->xin) * n, 64, socket);
+		if (!f || !w->xin) {
+			rte_free(f);
+			return -ENOMEM;
+		}
+		rte_free(w->fences);
+		w->fences = f;
+		for (unsigned from = 0; from < n; from++) {
+			if (from == i)
+				continue;
+			snprintf(name, sizeof(name), "kvp_x_%u_%u", i, from);
+			w->xin[from] = rte_ring_create_elem(name, sizeof(struct kvp_xmsg), size, socket,
+							    RING_F_SP_ENQ | RING_F_SC_DEQ);
+			if (!w->xin[from])
+				return -ENOMEM;
+		}
+	}
+	return 0;
+}
+
 void
 kvp_worker_fini(struct kvp_worker *w)
 {
 	route_destroy(w);
+	for (unsigned i = 0; w->xin && i < w->nworkers; i++)
+		rte_ring_free(w->xin[i]);
+	rte_free(w->xin);
+	w->xin = NULL;
 	if (w->evfd >= 0)
 		close(w->evfd);
 	w->evfd = -1;
@@ -149,6 +204,38 @@ worker_send_main(struct kvp_worker *w, int type, uint16_t peer, uint8_t link, bo
 	if (write(w->main_evfd, &one, sizeof(one)) < 0) {
 		/* EAGAIN: already rung. */
 	}
+}
+
+unsigned
+kvp_worker_xroom(const struct kvp_worker *w, unsigned to)
+{
+	const struct kvp_worker *d = &w->all[to];
+
+	return to < w->nworkers && to != w->idx ? rte_ring_free_count(d->xin[w->idx]) : 0;
+}
+
+int
+kvp_worker_xsend(struct kvp_worker *w, unsigned to, const struct kvp_xmsg *m)
+{
+	struct kvp_worker *d = &w->all[to];
+	uint64_t one = 1;
+
+	if (to >= w->nworkers || to == w->idx ||
+	    rte_ring_enqueue_elem(d->xin[w->idx], (void *)m, sizeof(*m)) < 0) {
+		KVP_STAT_ADD(w->stats.xmsg_lost, 1);
+		KVP_LOG_RL(ERR, core, "worker %u: ring to worker %u full, message %u lost", w->idx,
+			   to, m->type);
+		return -ENOBUFS;
+	}
+	/*
+	 * Pairs with the fence in kvp_worker_prepare_sleep(): either it sees
+	 * the message, or this sees it asleep and rings its doorbell.
+	 */
+	__atomic_thread_fence(__ATOMIC_SEQ_CST);
+	if (__atomic_load_n(&d->sleeping, __ATOMIC_RELAXED) && write(d->evfd, &one, sizeof(one)) < 0) {
+		/* EAGAIN: already rung. */
+	}
+	return 0;
 }
 
 /* t[b] - t[a] when both stamps were reached (in order), else 0. */
@@ -317,29 +404,26 @@ kvp_worker_xfer_end(struct kvp_worker *w, struct kvp_xfer *x, int status)
 		wpeer_ended(w, slot);
 }
 
-void
-kvp_worker_landed(struct kvp_worker *w, uint16_t peer, uint32_t owner, uint64_t user_id,
-		  uint64_t dst_key, uint64_t bytes, uint32_t nseg, uint64_t first_ns)
+/*
+ * The landing notice reaches the client's worker: post it to the client's
+ * CQ. @p peer is the slot (for this worker's histograms), @p handle the
+ * peer's handle as the worker it landed on knew it.
+ */
+static void
+deliver_landed(struct kvp_worker *w, uint16_t peer, uint16_t handle, uint32_t owner,
+	       uint64_t user_id, uint64_t dst_key, uint64_t bytes, uint32_t nseg, uint64_t first_ns,
+	       uint64_t landed)
 {
 	uint32_t slot = kvp_client_slot(owner);
 	struct kvp_chan *ch = slot < w->chan_slots ? w->chans[slot] : NULL;
-	bool known = peer < w->npeers;
-	bool stats = KVP_STAT_READ(w->cfg->stats_enabled) && known;
-	uint64_t landed = kvp_mono_ns();
+	bool stats = KVP_STAT_READ(w->cfg->stats_enabled) && peer < w->npeers;
 	struct kvp_cqe c;
 
-	KVP_STAT_ADD(w->stats.xfers_landed, 1);
-	if (known)
-		KVP_STAT_ADD(w->stats.peer[peer].rx_xfers, 1);
-	if (first_ns == 0 || first_ns > landed)
-		first_ns = landed; /* no payload (or a clock oddity): nothing to time */
-	if (stats)
-		kvp_hist_record(kvp_worker_hist(w, peer, KVP_HP_RX_RECV), landed - first_ns);
 	if (!ch || ch->id != owner || ch->broken)
 		return;
 	memset(&c, 0, sizeof(c));
 	c.kind = KVP_CQE_LANDED;
-	c.peer = known ? w->peers[peer].handle : KVP_PEER_NONE;
+	c.peer = handle;
 	c.status = KVP_OK;
 	c.user_id = user_id;
 	c.bytes = bytes;
@@ -362,6 +446,98 @@ kvp_worker_landed(struct kvp_worker *w, uint16_t peer, uint32_t owner, uint64_t 
 	if (stats)
 		kvp_hist_record(kvp_worker_hist(w, peer, KVP_HP_RX_DELIVER), delivered - landed);
 	chan_notify(ch);
+}
+
+/* The worker that owns client @p owner (this one with a single worker). */
+static unsigned
+owner_worker(const struct kvp_worker *w, uint32_t owner)
+{
+	uint32_t slot = kvp_client_slot(owner);
+
+	if (w->nworkers == 1 || slot >= w->chan_slots)
+		return w->idx;
+	unsigned o = __atomic_load_n(&w->client_worker[slot], __ATOMIC_RELAXED);
+	return o < w->nworkers ? o : w->idx;
+}
+
+void
+kvp_worker_landed(struct kvp_worker *w, uint16_t peer, uint32_t owner, uint64_t user_id,
+		  uint64_t dst_key, uint64_t bytes, uint32_t nseg, uint64_t first_ns)
+{
+	bool known = peer < w->npeers;
+	bool stats = KVP_STAT_READ(w->cfg->stats_enabled) && known;
+	uint16_t handle = known ? w->peers[peer].handle : KVP_PEER_NONE;
+	uint64_t landed = kvp_mono_ns();
+	unsigned to = owner_worker(w, owner);
+
+	KVP_STAT_ADD(w->stats.xfers_landed, 1);
+	if (known)
+		KVP_STAT_ADD(w->stats.peer[peer].rx_xfers, 1);
+	if (first_ns == 0 || first_ns > landed)
+		first_ns = landed; /* no payload (or a clock oddity): nothing to time */
+	if (stats)
+		kvp_hist_record(kvp_worker_hist(w, peer, KVP_HP_RX_RECV), landed - first_ns);
+	if (to == w->idx) {
+		deliver_landed(w, peer, handle, owner, user_id, dst_key, bytes, nseg, first_ns,
+			       landed);
+		return;
+	}
+	/* The bytes are in place; only the notice crosses to the client's worker. */
+	struct kvp_xmsg m = {
+		.type = KVP_XM_LANDED,
+		.from = (uint8_t)w->idx,
+		.peer = peer,
+		.handle = handle,
+		.owner = owner,
+		.user_id = user_id,
+		.key = dst_key,
+		.bytes = bytes,
+		.t0 = first_ns,
+		.t1 = landed,
+		.nseg = nseg,
+	};
+	if (kvp_worker_xsend(w, to, &m) == 0)
+		KVP_STAT_ADD(w->stats.xlanded, 1);
+}
+
+/* Messages from the other workers, in the order each sent them. */
+static int
+xinbox(struct kvp_worker *w)
+{
+	struct kvp_xmsg msgs[32];
+	int n = 0;
+
+	for (unsigned from = 0; w->xin && from < w->nworkers; from++) {
+		unsigned cnt;
+
+		if (!w->xin[from])
+			continue;
+		while ((cnt = rte_ring_dequeue_burst_elem(w->xin[from], msgs, sizeof(msgs[0]), 32,
+							  NULL)) > 0) {
+			for (unsigned i = 0; i < cnt; i++) {
+				const struct kvp_xmsg *m = &msgs[i];
+
+				if (m->type == KVP_XM_LANDED)
+					deliver_landed(w, m->peer, m->handle, m->owner,
+						       m->user_id, m->key, m->bytes, m->nseg,
+						       m->t0, m->t1);
+				else
+					fence_xmsg(w, m);
+			}
+			n += (int)cnt;
+		}
+	}
+	return n;
+}
+
+/* Cross-worker messages waiting (a reason not to sleep). */
+static bool
+xpending(const struct kvp_worker *w)
+{
+	for (unsigned from = 0; w->xin && from < w->nworkers; from++)
+		if (w->xin[from] && rte_ring_count(w->xin[from]) != 0)
+			return true;
+	return false;
 }
 
 void
@@ -423,6 +599,7 @@ int
 kvp_worker_inbox(struct kvp_worker *w)
 {
 	struct kvp_msg *msgs[32];
+	int x = w->nworkers > 1 ? xinbox(w) : 0;
 	unsigned n = rte_ring_dequeue_burst(w->inbox, (void **)msgs, 32, NULL);
 
 	for (unsigned i = 0; i < n; i++) {
@@ -477,7 +654,7 @@ kvp_worker_inbox(struct kvp_worker *w)
 		rte_mempool_put(w->msg_pool, m);
 	}
 	worker_flush_notify(w);
-	return (int)n;
+	return (int)n + x;
 }
 
 void
@@ -548,14 +725,17 @@ kvp_worker_prepare_sleep(struct kvp_worker *w)
 	bool ok = true;
 
 	worker_flush_notify(w);
+	/* Pairs with the fence in kvp_worker_xsend(): see the ring, or be rung. */
+	__atomic_store_n(&w->sleeping, 1, __ATOMIC_RELAXED);
+	__atomic_thread_fence(__ATOMIC_SEQ_CST);
 	for (uint32_t i = 0; i < w->chan_slots && ok; i++) {
 		struct kvp_chan *ch = w->chans[i];
 
 		if (ch && !ch->broken && !chan_prepare_sleep(ch))
 			ok = false;
 	}
-	/* An inbox message also means there is work. */
-	if (ok && rte_ring_count(w->inbox) != 0)
+	/* An inbox message, or one from another worker, also means there is work. */
+	if (ok && (rte_ring_count(w->inbox) != 0 || xpending(w)))
 		ok = false;
 	if (!ok)
 		kvp_worker_finish_sleep(w);
@@ -575,4 +755,5 @@ kvp_worker_finish_sleep(struct kvp_worker *w)
 	if (read(w->evfd, &v, sizeof(v)) < 0) {
 		/* EAGAIN: nobody rang. */
 	}
+	__atomic_store_n(&w->sleeping, 0, __ATOMIC_RELAXED);
 }

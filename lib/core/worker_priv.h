@@ -63,5 +63,7 @@ void fence_add(struct kvp_worker *w, struct kvp_chan *ch, const struct kvp_sqe_f
 	       uint64_t now);
 int fence_timers(struct kvp_worker *w, uint64_t now);
 void fence_chan_gone(struct kvp_worker *w, struct kvp_chan *ch);
+/* A fence message from another worker (set, drop or clear a mirror). */
+void fence_xmsg(struct kvp_worker *w, const struct kvp_xmsg *m);
 
 #endif /* WORKER_PRIV_H */

@@ -89,6 +89,23 @@ ring_size_ok(uint32_t v, uint32_t max)
 	return v >= 2 && v <= max && (v & (v - 1)) == 0;
 }
 
+/*
+ * The worker a new client goes to: the one with the fewest clients (the
+ * lowest index among equals), so clients spread over the workers in the
+ * order they connect. The client then lives there: its submissions,
+ * transfers, completions and fences.
+ */
+static unsigned
+pick_worker(const struct kvp_node *n)
+{
+	unsigned best = 0;
+
+	for (unsigned i = 1; i < n->nworkers; i++)
+		if (n->worker_clients[i] < n->worker_clients[best])
+			best = i;
+	return best;
+}
+
 static void
 do_hello(struct kvp_node *n, struct kvp_client_conn *c, const struct kvp_ctrl_req *req,
 	 struct kvp_ctrl_rep *rep)
@@ -130,7 +147,7 @@ do_hello(struct kvp_node *n, struct kvp_client_conn *c, const struct kvp_ctrl_re
 	kvp_chan_init(ch->mem, len, sqn, cqn, c->id);
 	kvp_chan_attach(ch->mem, len, true, &ch->sq, &ch->cq);
 
-	c->worker = n->next_worker++ % n->nworkers;
+	c->worker = pick_worker(n);
 	struct kvp_msg *m = ctrl_msg(n, KVP_MSG_CHAN_ADD);
 	if (!m)
 		goto err_close_notify;
@@ -149,6 +166,10 @@ do_hello(struct kvp_node *n, struct kvp_client_conn *c, const struct kvp_ctrl_re
 	c->chan = ch;
 	c->pid = req->u.hello.pid;
 	c->state = KVP_CL_ACTIVE;
+	n->worker_clients[c->worker]++;
+	/* Before it has regions: other workers route its landing notices by this. */
+	__atomic_store_n(&n->client_worker[kvp_client_slot(c->id)], (uint8_t)c->worker,
+			 __ATOMIC_RELEASE);
 	ctrl_send(n, c->worker, m);
 	KVP_LOG(INFO, core, "client %u (pid %d) connected: sq %u cq %u, worker %u", c->id, c->pid,
 		sqn, cqn, c->worker);
@@ -668,6 +689,9 @@ client_release(struct kvp_node *n, struct kvp_client_conn *c)
 		c->release_after_job = true;
 		return;
 	}
+	/* Counted once, when the slot really goes (the job's return may be that time). */
+	if (c->state == KVP_CL_DETACHING || c->state == KVP_CL_ACTIVE)
+		n->worker_clients[c->worker]--;
 	if (c->chan) {
 		munmap(c->chan->mem, c->chan->len);
 		close(c->chan->notify_fd);

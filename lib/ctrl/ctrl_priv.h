@@ -194,6 +194,8 @@ void peer_set_why(struct kvp_node *n, uint32_t slot, uint8_t why);
 void peer_set_node_id(struct kvp_node *n, uint32_t slot, const char *node_id);
 
 /* peer.c */
+/** Links kept to each peer and accepted from each: workers x tcp.connections. */
+unsigned peer_node_links(const struct kvp_node *n);
 int peer_init(struct kvp_node *n, char *err, size_t errlen);
 int kvp_peer_listen(struct kvp_node *n, char *err, size_t errlen);
 void kvp_peer_accept(struct kvp_node *n);

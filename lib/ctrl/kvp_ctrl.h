@@ -139,9 +139,10 @@ struct kvp_peer {
 	int out_fd;
 	struct kvp_watch out_watch;
 	uint8_t out_link;  /**< link being dialled */
-	uint8_t links;	   /**< links kept: ours, or fewer if the peer accepts fewer */
-	uint32_t out_up;   /**< bit per outgoing link handed to the worker */
-	uint32_t in_up;	   /**< bit per link of the peer's connections to us */
+	uint8_t links;	   /**< links kept: ours (workers x tcp.connections), or fewer if the
+			        peer accepts fewer */
+	uint64_t out_up;   /**< bit per outgoing link handed to a worker */
+	uint64_t in_up;	   /**< bit per link of the peer's connections to us */
 	uint64_t epoch;
 	uint64_t deadline_ns;  /**< connect/handshake deadline */
 	uint64_t next_try_ns;  /**< reconnect time while down */
@@ -255,8 +256,6 @@ struct kvp_gpu_info {
 	uint64_t total_mem;
 };
 
-#define KVP_WORKERS_MAX 64
-
 /**
  * What the application chose and found at start (transports, worker lcores,
  * the RDMA and CUDA probes), handed to kvp_node_init() and kept by the node
@@ -304,7 +303,9 @@ struct kvp_node {
 	struct rte_mempool *msg_pool;
 	struct kvp_worker *workers;
 	unsigned nworkers;
-	unsigned next_worker;
+	/** By client slot: the worker owning the client (the workers read it for landing notices). */
+	uint8_t *client_worker;
+	uint32_t worker_clients[KVP_WORKERS_MAX]; /**< clients each worker owns */
 	struct kvp_client_conn *clients;
 	uint32_t nclients;
 	struct kvp_peer *peers;	 /**< cfg.max_peers slots (peer_table.c) */
@@ -365,13 +366,13 @@ int kvp_node_init(struct kvp_node *n, const struct kvp_config *cfg,
 		  const struct kvp_node_env *env, char *err, size_t errlen);
 
 /**
- * Open files a node with this configuration may need at once: per client
- * its socket, completion eventfd and one fd it sent ahead of its request;
- * per peer both directions' links and a dial; admin connections, pending
- * peer handshakes, and a reserve for the EAL, the transports and the CUDA
- * driver.
+ * Open files a node with this configuration and @p nworkers workers may
+ * need at once: per client its socket, completion eventfd and one fd it
+ * sent ahead of its request; per peer both directions' links (tcp.connections
+ * per worker) and a dial; admin connections, pending peer handshakes, and a
+ * reserve for the EAL, the transports and the CUDA driver.
  */
-uint64_t kvp_node_fd_need(const struct kvp_config *cfg);
+uint64_t kvp_node_fd_need(const struct kvp_config *cfg, unsigned nworkers);
 
 /**
  * Settle RLIMIT_NOFILE before start: with @p raise, lift the soft limit to
@@ -380,7 +381,8 @@ uint64_t kvp_node_fd_need(const struct kvp_config *cfg);
  * @param msg  receives what was found (and done), or why it is not enough
  * @return 0; -EMFILE if the limit cannot cover the configuration
  */
-int kvp_node_fd_limit(const struct kvp_config *cfg, bool raise, char *msg, size_t msglen);
+int kvp_node_fd_limit(const struct kvp_config *cfg, unsigned nworkers, bool raise, char *msg,
+		      size_t msglen);
 
 /** Run the control plane for up to @p timeout_ms (one round of the event loop, timers). */
 void kvp_node_poll(struct kvp_node *n, int timeout_ms);

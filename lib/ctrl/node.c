@@ -37,9 +37,9 @@
 #define FD_SOFT_CAP (1ull << 20)
 
 uint64_t
-kvp_node_fd_need(const struct kvp_config *cfg)
+kvp_node_fd_need(const struct kvp_config *cfg, unsigned nworkers)
 {
-	uint64_t per_peer = 2ull * cfg->tcp_conns + 1;
+	uint64_t per_peer = 2ull * cfg->tcp_conns * (nworkers ? nworkers : 1) + 1;
 
 	/* Every slot may hold a peer: those that join at run time need their files too. */
 	return FD_RESERVE + (uint64_t)FD_PER_CLIENT * cfg->max_clients + per_peer * cfg->max_peers +
@@ -47,9 +47,11 @@ kvp_node_fd_need(const struct kvp_config *cfg)
 }
 
 int
-kvp_node_fd_limit(const struct kvp_config *cfg, bool raise, char *msg, size_t msglen)
+kvp_node_fd_limit(const struct kvp_config *cfg, unsigned nworkers, bool raise, char *msg,
+		  size_t msglen)
 {
-	uint64_t need = kvp_node_fd_need(cfg), was;
+	uint64_t need = kvp_node_fd_need(cfg, nworkers), was;
+	uint64_t per_peer = 2ull * cfg->tcp_conns * (nworkers ? nworkers : 1) + 1;
 	struct rlimit rl;
 
 	if (getrlimit(RLIMIT_NOFILE, &rl) < 0) {
@@ -84,8 +86,8 @@ kvp_node_fd_limit(const struct kvp_config *cfg, bool raise, char *msg, size_t ms
 		 "per client, %u per peer, %u for the rest) but RLIMIT_NOFILE is %" PRIu64
 		 " (hard limit %" PRIu64 "): raise the limit (ulimit -n, LimitNOFILE= in the "
 		 "systemd unit) or lower limits.max_clients to %" PRIu64 " or less",
-		 cfg->max_clients, cfg->max_peers, need, FD_PER_CLIENT, 2 * cfg->tcp_conns + 1,
-		 (unsigned)(other - (2ull * cfg->tcp_conns + 1) * cfg->max_peers),
+		 cfg->max_clients, cfg->max_peers, need, FD_PER_CLIENT, (unsigned)per_peer,
+		 (unsigned)(other - per_peer * cfg->max_peers),
 		 (uint64_t)rl.rlim_cur, (uint64_t)rl.rlim_max, fit);
 	return -EMFILE;
 }
@@ -286,8 +288,17 @@ kvp_node_init(struct kvp_node *n, const struct kvp_config *cfg,
 		goto err;
 	}
 
+	if (nworkers * cfg->tcp_conns > KVP_LINKS_MAX) {
+		snprintf(err, errlen,
+			 "%u workers x tcp.connections %u: at most %u links per peer; lower "
+			 "tcp.connections or run fewer workers",
+			 nworkers, cfg->tcp_conns, KVP_LINKS_MAX);
+		rc = -EINVAL;
+		goto err;
+	}
 	n->workers = calloc(nworkers, sizeof(*n->workers));
-	if (!n->workers) {
+	n->client_worker = calloc(cfg->max_clients, sizeof(*n->client_worker));
+	if (!n->workers || !n->client_worker) {
 		rc = -ENOMEM;
 		goto err;
 	}
@@ -296,17 +307,28 @@ kvp_node_init(struct kvp_node *n, const struct kvp_config *cfg,
 
 		rc = kvp_worker_init(w, i, &n->cfg, &n->regions, n->msg_pool);
 		w->lcore = env->lcores[i];
-		if (rc == 0) {
-			w->main_evfd = n->loop.evfd;
-			rc = kvp_worker_transports(w, tps, ntps);
+		w->main_evfd = n->loop.evfd;
+		n->nworkers = i + 1;
+		if (rc < 0) {
+			snprintf(err, errlen, "worker %u: %s", i, strerror(-rc));
+			goto err;
 		}
+	}
+	/* The workers know each other before their transports start. */
+	rc = kvp_workers_join(n->workers, nworkers, n->client_worker);
+	if (rc < 0) {
+		snprintf(err, errlen, "cross-worker rings: %s", strerror(-rc));
+		goto err;
+	}
+	for (unsigned i = 0; i < nworkers; i++) {
+		struct kvp_worker *w = &n->workers[i];
+
+		rc = kvp_worker_transports(w, tps, ntps);
 		if (rc < 0) {
 			snprintf(err, errlen, "worker %u (%s transport): %s", i, tps[w->ntp]->name,
 				 strerror(-rc));
-			n->nworkers = i + 1;
 			goto err;
 		}
-		n->nworkers = i + 1;
 	}
 
 	/*
@@ -412,6 +434,8 @@ kvp_node_fini(struct kvp_node *n)
 		kvp_worker_fini(&n->workers[i]); /* its transports too */
 	free(n->workers);
 	n->workers = NULL;
+	free(n->client_worker);
+	n->client_worker = NULL;
 	if (n->client_lfd >= 0) {
 		close(n->client_lfd);
 		unlink(n->cfg.client_socket);

@@ -2,12 +2,13 @@
 /*
  * Peer connections (main lcore). Each node dials every peer of its table
  * that has an address, for the data it sends, and accepts the peers'
- * connections for the data it receives: tcp.connections links each way, so
- * several streams share the path (the dialer keeps the smaller of both
- * ends' counts). Both ends exchange a versioned HELLO that names sender,
- * target and link; only then is the socket handed to a worker. Links are
- * dialled one at a time and failed attempts retried with exponential
- * backoff (failed authentication too).
+ * connections for the data it receives: tcp.connections links per worker
+ * each way, so several streams share the path and every worker sends on
+ * links of its own (the dialer keeps the smaller of both ends' counts).
+ * Both ends exchange a versioned HELLO that names sender, target and link;
+ * only then is the socket handed to the worker that owns the link
+ * (link_worker()). Links are dialled one at a time and failed attempts
+ * retried with exponential backoff (failed authentication too).
  *
  * A peer named by address only (on demand) is dialled with no target: its
  * node id comes from its authenticated HELLO. A node that is not in the
@@ -59,7 +60,7 @@ hello_err_str(uint32_t e)
 	case HELLO_AUTH:
 		return "authentication failed (auth secrets differ or are set on one side only)";
 	case HELLO_LINK:
-		return "link index beyond the remote's tcp.connections";
+		return "link index beyond the remote's workers x tcp.connections";
 	case HELLO_FULL:
 		return "the remote's peer table is full (limits.max_peers)";
 	default:
@@ -86,6 +87,23 @@ resolve(const char *host, uint16_t port, bool passive, struct sockaddr_storage *
 }
 
 static void on_listen(struct kvp_node *n, void *arg, uint32_t events);
+
+/* Links this node keeps to each peer and accepts from each: tcp.connections per worker. */
+unsigned
+peer_node_links(const struct kvp_node *n)
+{
+	unsigned l = n->nworkers * n->cfg.tcp_conns;
+
+	return l < KVP_LINKS_MAX ? l : KVP_LINKS_MAX;
+}
+
+/* The worker that owns link @p link of peer @p peer, in either direction. */
+static unsigned
+link_worker(const struct kvp_node *n, uint16_t peer, uint8_t link)
+{
+	(void)peer; /* every peer's links go round the workers alike */
+	return kvp_link_worker(link, n->nworkers);
+}
 
 int
 kvp_peer_listen(struct kvp_node *n, char *err, size_t errlen)
@@ -129,7 +147,7 @@ fill_hello(struct kvp_node *n, uint8_t *buf, const char *to, uint8_t link, uint6
 	m->frame_max = n->cfg.tcp_frame_max;
 	m->status = status;
 	m->flags = (n->cfg.auth_secret[0] ? KVP_HELLO_F_AUTH : 0) |
-		   KVP_HELLO_F_LINK(link, n->cfg.tcp_conns);
+		   KVP_HELLO_F_LINK(link, peer_node_links(n));
 	if (nonce)
 		memcpy(m->nonce, nonce, sizeof(m->nonce));
 	if (mac)
@@ -213,8 +231,7 @@ hand_over(struct kvp_node *n, uint16_t peer, uint8_t link, int fd, bool outgoing
 	m->fd = fd;
 	m->outgoing = outgoing;
 	m->epoch = epoch;
-	/* One worker owns every connection while the node runs a single worker. */
-	return ctrl_send(n, 0, m);
+	return ctrl_send(n, link_worker(n, peer, link), m);
 }
 
 /* A dial failed: close it, say why (to the workers too, by @p code), retry after the backoff. */
@@ -245,7 +262,7 @@ static int
 missing_link(const struct kvp_peer *p)
 {
 	for (uint8_t l = 0; l < p->links; l++)
-		if (!(p->out_up & (1u << l)))
+		if (!(p->out_up & (1ull << l)))
 			return l;
 	return -1;
 }
@@ -259,7 +276,7 @@ out_start(struct kvp_node *n, uint16_t i, uint64_t now)
 	int fd, link;
 
 	if (!p->out_up)
-		p->links = (uint8_t)n->cfg.tcp_conns; /* a restarted remote may accept more */
+		p->links = (uint8_t)peer_node_links(n); /* a restarted remote may accept more */
 	link = missing_link(p);
 	if (link < 0) {
 		p->out_state = KVP_LINK_UP;
@@ -358,6 +375,13 @@ out_hello(struct kvp_node *n, uint16_t i)
 		KVP_LOG(INFO, core, "peer %s accepts %u connections; using %u instead of %u",
 			peer_label(n, i), theirs, theirs, p->links);
 		p->links = (uint8_t)theirs;
+		if (theirs < n->nworkers)
+			KVP_LOG(WARNING, core,
+				"peer %s accepts %u links, fewer than this node's %u workers: "
+				"workers %u..%u cannot send to it (their transfers fail with "
+				"\"peer\"); give it workers x tcp.connections >= %u",
+				peer_label(n, i), theirs, n->nworkers, theirs, n->nworkers - 1,
+				n->nworkers);
 	}
 	if (m->status != HELLO_OK) {
 		p->handshake_failures++;
@@ -403,7 +427,8 @@ out_hello(struct kvp_node *n, uint16_t i)
 		}
 	}
 	if (p->out_link >= p->links) {
-		out_fail(n, i, "link beyond the remote's tcp.connections", KVP_PEER_WHY_HANDSHAKE);
+		out_fail(n, i, "link beyond the remote's workers x tcp.connections",
+			 KVP_PEER_WHY_HANDSHAKE);
 		p->out_state = KVP_LINK_UP; /* nothing left to dial */
 		return;
 	}
@@ -434,7 +459,7 @@ out_hello(struct kvp_node *n, uint16_t i)
 	}
 	uint64_t now = kvp_mono_ns();
 
-	p->out_up |= 1u << link;
+	p->out_up |= 1ull << link;
 	p->backoff_ms = n->cfg.reconnect_ms;
 	p->connects++;
 	p->last_error[0] = '\0';
@@ -593,7 +618,7 @@ pending_accept(struct kvp_node *n, struct kvp_pending_conn *pc)
 		close(fd);
 		return;
 	}
-	n->peers[idx].in_up |= 1u << pc->link;
+	n->peers[idx].in_up |= 1ull << pc->link;
 	KVP_LOG(INFO, core, "peer %s: accepted its link %u%s", pc->node_id, pc->link,
 		n->cfg.auth_secret[0] ? " (authenticated)" : "");
 }
@@ -663,7 +688,7 @@ kvp_peer_pending_input(struct kvp_node *n, uint32_t slot)
 		status = HELLO_LIMITS;
 	else if (secret != ((m.flags & KVP_HELLO_F_AUTH) != 0))
 		status = HELLO_AUTH;
-	else if (pc->link >= n->cfg.tcp_conns)
+	else if (pc->link >= peer_node_links(n))
 		status = HELLO_LINK;
 	if (status != HELLO_OK) {
 		if (status == HELLO_FULL)
@@ -706,10 +731,10 @@ kvp_peer_conn_down(struct kvp_node *n, uint16_t i, uint8_t link, bool outgoing, 
 	struct kvp_peer *p = &n->peers[i];
 
 	if (!outgoing) {
-		p->in_up &= ~(1u << link);
+		p->in_up &= ~(1ull << link);
 		return;
 	}
-	p->out_up &= ~(1u << link);
+	p->out_up &= ~(1ull << link);
 	/* A draining peer's links close for good; an active one's are dialled again. */
 	if (p->slot_state != KVP_PS_ACTIVE)
 		return;

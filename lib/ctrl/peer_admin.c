@@ -23,8 +23,8 @@ peer_json(const struct kvp_node *n, uint32_t i)
 			  "node_id", p->node_id, "index", (int)peer_handle(n, i), "origin",
 			  peer_origin_name(p->origin), "addr", p->addr, "state",
 			  kvp_peer_state_name(n, (uint16_t)i), "inbound_up", p->in_up != 0, "links",
-			  (int)p->links, "links_up", __builtin_popcount(p->out_up), "inbound_links",
-			  __builtin_popcount(p->in_up), "epoch", epoch, "connects",
+			  (int)p->links, "links_up", __builtin_popcountll(p->out_up), "inbound_links",
+			  __builtin_popcountll(p->in_up), "epoch", epoch, "connects",
 			  (json_int_t)p->connects, "disconnects", (json_int_t)p->disconnects,
 			  "handshake_failures", (json_int_t)p->handshake_failures, "last_error",
 			  p->slot_state == KVP_PS_DRAINING ? p->removed_why : p->last_error);

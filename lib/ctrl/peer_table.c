@@ -181,7 +181,7 @@ peer_add(struct kvp_node *n, int origin, const char *node_id, const char *host, 
 	p->gen = gen;
 	p->out_fd = -1;
 	p->out_watch.fd = -1;
-	p->links = (uint8_t)n->cfg.tcp_conns;
+	p->links = (uint8_t)peer_node_links(n); /* every worker's share */
 	p->origin = (uint8_t)origin;
 	p->added_ns = p->idle_since_ns = kvp_mono_ns();
 	p->why = host[0] ? KVP_PEER_WHY_CONNECT : KVP_PEER_WHY_NO_ADDR;

@@ -145,7 +145,9 @@ vec_len(const struct kvp_node *n, const struct stat_row *r)
 	case SV_WC:
 		return KVP_WC_STATUS_MAX;
 	case SV_LINK:
-		return n->cfg.tcp_conns < KVP_LINKS_MAX ? n->cfg.tcp_conns : KVP_LINKS_MAX;
+		/* Links of a peer: tcp.connections per worker. */
+		return n->nworkers * n->cfg.tcp_conns < KVP_LINKS_MAX ? n->nworkers * n->cfg.tcp_conns
+								      : KVP_LINKS_MAX;
 	}
 	return 1;
 }
@@ -319,8 +321,8 @@ scope_labels(const struct kvp_node *n, const struct stat_row *r, unsigned i, cha
 		snprintf(out, len, ",lcore=\"%u\"", n->workers[i].lcore);
 		break;
 	case SC_CLIENT:
-		snprintf(out, len, ",client=\"%u\",pid=\"%d\"", n->clients[i].id,
-			 (int)n->clients[i].pid);
+		snprintf(out, len, ",client=\"%u\",pid=\"%d\",worker=\"%u\"", n->clients[i].id,
+			 (int)n->clients[i].pid, n->clients[i].worker);
 		break;
 	case SC_RAIL:
 		p = stats_rail_port(n, i);

@@ -132,9 +132,63 @@ fences_held(const struct kvp_node *n, unsigned i)
 	uint64_t sum = 0;
 
 	(void)i;
+	/* Each worker's own clients' fences (the mirrors other workers hold are copies). */
 	for (unsigned w = 0; w < n->nworkers; w++)
-		sum += __atomic_load_n(&n->workers[w].nfences, __ATOMIC_RELAXED);
+		sum += __atomic_load_n(&n->workers[w].nfences_own, __ATOMIC_RELAXED);
 	return sum;
+}
+
+/* ---- per worker ---- */
+
+static uint64_t
+worker_clients(const struct kvp_node *n, unsigned i)
+{
+	return n->worker_clients[i];
+}
+
+static uint64_t
+worker_inflight(const struct kvp_node *n, unsigned i)
+{
+	const struct kvp_worker *w = &n->workers[i];
+
+	return w->nxfers - __atomic_load_n(&w->nfree, __ATOMIC_RELAXED);
+}
+
+/* Outgoing TCP links up on the worker, over all peers. */
+static uint64_t
+worker_links(const struct kvp_node *n, unsigned i)
+{
+	uint64_t sum = 0;
+
+	/* Every slot: a free one holds none. */
+	for (uint32_t p = 0; p < n->workers[i].npeers; p++)
+		sum += __atomic_load_n(&n->workers[i].peers[p].links, __ATOMIC_RELAXED);
+	return sum;
+}
+
+static uint64_t
+worker_peer_sum(const struct kvp_node *n, unsigned i, size_t off)
+{
+	uint64_t sum = 0;
+
+	/* Every slot: a closed peer's rows were zeroed (a removed peer's bytes leave the sum). */
+	for (uint32_t p = 0; p < n->workers[i].npeers; p++)
+		sum += __atomic_load_n((const uint64_t *)((const char *)&n->workers[i].stats.peer[p] +
+							   off),
+				       __ATOMIC_RELAXED);
+	return sum;
+}
+
+static uint64_t
+worker_tx_bytes(const struct kvp_node *n, unsigned i)
+{
+	return worker_peer_sum(n, i, offsetof(struct kvp_peer_stats, tx_bytes));
+}
+
+static uint64_t
+worker_rx_bytes(const struct kvp_node *n, unsigned i)
+{
+	return worker_peer_sum(n, i, offsetof(struct kvp_peer_stats, rx_bytes));
 }
 
 static uint64_t
@@ -153,7 +207,7 @@ peer_up(const struct kvp_node *n, unsigned i)
 static uint64_t
 peer_links_up(const struct kvp_node *n, unsigned i)
 {
-	return (uint64_t)__builtin_popcount(n->peers[i].out_up);
+	return (uint64_t)__builtin_popcountll(n->peers[i].out_up);
 }
 
 static uint64_t
@@ -199,7 +253,7 @@ peer_ident(const struct kvp_node *n, unsigned i)
 static json_t *
 worker_ident(const struct kvp_node *n, unsigned i)
 {
-	return json_pack("{s:i}", "lcore", (int)n->workers[i].lcore);
+	return json_pack("{s:i, s:i}", "worker", (int)i, "lcore", (int)n->workers[i].lcore);
 }
 
 static json_t *
@@ -243,8 +297,8 @@ client_hdr(const struct kvp_node *n, unsigned i)
 static json_t *
 client_ident(const struct kvp_node *n, unsigned i)
 {
-	return json_pack("{s:I, s:i}", "id", (json_int_t)n->clients[i].id, "pid",
-			 (int)n->clients[i].pid);
+	return json_pack("{s:I, s:i, s:i}", "id", (json_int_t)n->clients[i].id, "pid",
+			 (int)n->clients[i].pid, "worker", (int)n->clients[i].worker);
 }
 
 static uint64_t
@@ -502,6 +556,25 @@ const struct stat_row stat_rows[] = {
 	  .help = "Time worker loops found none." },
 	{ "workers", "sleeps", "kvproxy_worker_sleeps_total", W1(sleeps),
 	  .help = "Times a worker blocked when idle." },
+	{ "workers", "clients", "kvproxy_worker_clients", FN(worker_clients), G,
+	  .help = "Clients the worker owns (their transfers, completions and fences)." },
+	{ "workers", "inflight", "kvproxy_worker_transfers_inflight", FN(worker_inflight), G,
+	  .help = "Transfers in flight on the worker." },
+	{ "workers", "links_up", "kvproxy_worker_links_up", FN(worker_links), G,
+	  .help = "Outgoing TCP links the worker holds, over all peers." },
+	{ "workers", "xfers_submitted", "kvproxy_worker_transfers_submitted_total",
+	  W1(xfers_submitted), .help = "Transfers the worker picked up from its clients." },
+	{ "workers", "xfers_landed", "kvproxy_worker_transfers_landed_total", W1(xfers_landed),
+	  .help = "Transfers landed through the worker's links." },
+	{ "workers", "tx_bytes", "kvproxy_worker_tx_bytes_total", FN(worker_tx_bytes),
+	  .help = "Payload bytes the worker sent, over all peers (a removed peer's leave the sum)." },
+	{ "workers", "rx_bytes", "kvproxy_worker_rx_bytes_total", FN(worker_rx_bytes),
+	  .help = "Payload bytes received through the worker's links, over all peers (a removed "
+		  "peer's leave the sum)." },
+	{ "workers", "landings_forwarded", "kvproxy_worker_landings_forwarded_total", W1(xlanded),
+	  .help = "Landing notices the worker handed to the worker owning the client." },
+	{ "workers", "messages_lost", "kvproxy_worker_messages_lost_total", W1(xmsg_lost),
+	  .help = "Messages to another worker lost because its ring was full." },
 
 	{ "clients_refused", "credentials", "kvproxy_clients_refused_total",
 	  N(clients_refused_cred), .label = "reason=\"credentials\"",

@@ -169,7 +169,8 @@ tcp_create(struct kvp_worker *w, unsigned idx, void **tctx)
 		c->id = i;
 		c->peer = (uint16_t)(i / (2 * t->links));
 		c->outgoing = (i / t->links) % 2 == 0;
-		c->link = (uint8_t)(i % t->links);
+		c->slot = (uint8_t)(i % t->links);
+		c->link = c->slot;
 		c->txq_mask = txq - 1;
 		c->rxt_mask = rxt - 1;
 	}
@@ -201,13 +202,21 @@ err:
 	return rc;
 }
 
+/*
+ * Link @p link of a peer is this worker's (kvp_link_worker()); it takes
+ * the slot kvp_link_slot() says: a node dials workers x tcp.connections
+ * links and accepts as many, so every slot index stays below
+ * tcp.connections.
+ */
 static int
 tcp_attach(void *tctx, uint16_t peer, uint8_t link, int fd, bool outgoing, uint64_t epoch)
 {
 	struct tcp_ctx *t = tctx;
-	uint32_t id = conn_index(t, peer, link, outgoing);
+	unsigned nw = t->w->nworkers, slot = kvp_link_slot(link, nw);
+	uint32_t id = conn_index(t, peer, slot, outgoing);
 
-	if (link >= t->links || id >= t->nconns)
+	if (kvp_link_worker(link, nw) != t->w->idx || slot >= t->links || id >= t->nconns ||
+	    link >= KVP_LINKS_MAX)
 		return -EINVAL;
 	struct tcp_conn *c = &t->conns[id];
 	if (c->state != CONN_FREE)
@@ -215,6 +224,7 @@ tcp_attach(void *tctx, uint16_t peer, uint8_t link, int fd, bool outgoing, uint6
 	c->state = CONN_UP;
 	c->live_pos = t->nlive;
 	t->live[t->nlive++] = id;
+	c->link = link;
 	c->fd = fd;
 	c->epoch = epoch;
 	c->ops = 0;
@@ -234,8 +244,8 @@ tcp_attach(void *tctx, uint16_t peer, uint8_t link, int fd, bool outgoing, uint6
 	conn_fixed(t, c, true);
 	KVP_LOG(INFO, tcp, "worker %u: %s link %u to peer %u up (epoch %016" PRIx64 ")",
 		t->w->idx, outgoing ? "outgoing" : "incoming", link, peer, epoch);
-	/* Link 0 carries the peer control channel. */
-	if (link == 0)
+	/* Each worker's first link of a peer carries its peer control channel. */
+	if (slot == 0)
 		kvp_pchan_conn(t->w, peer, outgoing, true);
 	return 0;
 }
@@ -323,7 +333,7 @@ tcp_conn_fail(struct tcp_ctx *t, struct tcp_conn *c, const char *why)
 	/* Makes the in-flight send and recv return so the slot can drain. */
 	shutdown(c->fd, SHUT_RDWR);
 	kvp_worker_conn_down(t->w, c->peer, c->link, c->outgoing, why);
-	if (c->link == 0)
+	if (c->slot == 0)
 		kvp_pchan_conn(t->w, c->peer, c->outgoing, false);
 	if (c->ops == 0)
 		conn_finish_close(t, c);
@@ -486,7 +496,13 @@ tcp_fence(void *tctx, const struct kvp_fence *f, bool force)
 	return tcp_rx_fence(tctx, f, force);
 }
 
-/* The peer control channel: link 0. */
+/*
+ * The peer control channel: this worker's first link (slot 0) each way. A
+ * peer's worker reaches its namesake here (the same index), so RDMA queue
+ * pairs pair worker i of one node with worker i of the other; a peer's
+ * worker without a namesake here is told UNSUPPORTED (tcp_rx.c) and sends
+ * over TCP.
+ */
 static struct tcp_conn *
 conn_of(struct tcp_ctx *t, uint16_t peer, bool outgoing)
 {

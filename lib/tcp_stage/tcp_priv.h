@@ -118,7 +118,8 @@ struct tcp_conn {
 	enum conn_state state;
 	int fd;
 	uint16_t peer;
-	uint8_t link;
+	uint8_t link;  /* the link's index between the two nodes (stats, the main lcore) */
+	uint8_t slot;  /* its place among this worker's links of the peer; 0 carries the pchan */
 	bool outgoing;
 	bool fixed;	   /* rxbuf is registered with the ring now (read_fixed) */
 	uint32_t id;
@@ -178,7 +179,7 @@ struct tcp_conn {
 struct tcp_ctx {
 	struct kvp_worker *w;
 	struct io_uring ring;
-	/* Per peer slot: links outgoing, then links incoming (conn_index()). */
+	/* Per peer slot: this worker's links outgoing, then incoming (conn_index(), by slot). */
 	struct tcp_conn *conns;
 	uint32_t nconns;
 	/* The connections not CONN_FREE, in no order: what the loop walks (few of nconns). */
@@ -187,7 +188,7 @@ struct tcp_ctx {
 	/* Every connection's queues and buffers: one reservation, touched only as used. */
 	void *mem;
 	size_t mem_len;
-	uint32_t links;
+	uint32_t links; /* slots per peer and direction: tcp.connections */
 	uint32_t rr; /* rotates ties between equally loaded links */
 	uint32_t iov_max;
 	uint32_t frame_max;
@@ -237,9 +238,9 @@ tcp_udata(const struct tcp_conn *c, enum uop op)
 }
 
 static inline uint32_t
-conn_index(const struct tcp_ctx *t, uint16_t peer, uint32_t link, bool outgoing)
+conn_index(const struct tcp_ctx *t, uint16_t peer, uint32_t slot, bool outgoing)
 {
-	return (2u * peer + (outgoing ? 0 : 1)) * t->links + link;
+	return (2u * peer + (outgoing ? 0 : 1)) * t->links + slot;
 }
 
 static inline uint32_t

@@ -302,8 +302,16 @@ on_end(struct tcp_ctx *t, struct tcp_conn *c, const struct kvp_wire_hdr *h)
 			uint32_t owner = r->owner;
 
 			kvp_region_put(r);
-			kvp_worker_landed(t->w, c->peer, owner, h->aux, h->key, e->bytes, h->aux2,
-					  e->first_ns);
+			/*
+			 * Every byte came before a fence that now matches, but the
+			 * END after it: the fence may have completed already, and
+			 * its client must see no landing after that. Refused.
+			 */
+			if (kvp_worker_fenced(t->w, owner, h->aux, 0, 1))
+				status = KVP_EREMOTE;
+			else
+				kvp_worker_landed(t->w, c->peer, owner, h->aux, h->key, e->bytes,
+						  h->aux2, e->first_ns);
 		} else {
 			status = KVP_EREMOTE; /* deregistered while landing */
 		}
@@ -372,9 +380,8 @@ hdr_ok(struct tcp_ctx *t, struct tcp_conn *c, const struct kvp_wire_hdr *h)
 	struct kvp_peer_stats *ps = &t->w->stats.peer[c->peer];
 	int rc = kvp_wire_check(h, t->frame_max);
 
-	/* Control frames travel on link 0 only (they follow each other in order). */
 	if (rc < 0 || h->type == KVP_W_HELLO || (h->type == KVP_W_ACK && !c->outgoing) ||
-	    (is_data(h->type) && c->outgoing) || (kvp_wire_is_ctl(h->type) && c->link != 0)) {
+	    (is_data(h->type) && c->outgoing)) {
 		KVP_STAT_ADD(ps->bad_frames, 1);
 		tcp_conn_fail(t, c, rc < 0 ? "malformed frame" : "unexpected frame type");
 		return false;
@@ -415,7 +422,7 @@ on_header(struct tcp_ctx *t, struct tcp_conn *c, const struct kvp_wire_hdr *h)
 		/* Every earlier byte of the tag has been handled: the sender may complete. */
 		if (h->rsvd & KVP_ABORT_F_ACK)
 			tcp_queue_ctrl(c, KVP_W_ACK, h->tag, KVP_ECANCELED);
-		return c->link != 0 || ctl_frame(t, c, h, NULL); /* e.g. an RDMA grant to free */
+		return c->slot != 0 || ctl_frame(t, c, h, NULL); /* e.g. an RDMA grant to free */
 	case KVP_W_PING:
 		tcp_queue_ctrl(c, KVP_W_PONG, h->tag, 0);
 		break;
@@ -451,8 +458,18 @@ tcp_process_rx(struct tcp_ctx *t, struct tcp_conn *c)
 				if (!hdr_ok(t, c, &h))
 					return work;
 				KVP_STAT_ADD(t->w->stats.peer[c->peer].rx_frames, 1);
-				if (!ctl_frame(t, c, &h, h.len ? c->rxbuf + c->rx_start + sizeof(h) : NULL))
+				/*
+				 * Control frames travel on slot 0 (in order). Elsewhere they
+				 * come from a peer's worker that has no namesake here (the
+				 * peer runs more workers): nobody takes them.
+				 */
+				if (c->slot != 0) {
+					if (h.type != KVP_W_UNSUPPORTED)
+						tcp_queue_ctrl(c, KVP_W_UNSUPPORTED, 0, h.type);
+				} else if (!ctl_frame(t, c, &h,
+						      h.len ? c->rxbuf + c->rx_start + sizeof(h) : NULL)) {
 					return work;
+				}
 				c->rx_start += sizeof(h) + h.len;
 				work++;
 				break;

@@ -45,7 +45,14 @@ from kvproxy import Completion, Segment  # noqa: E402
 START_TIMEOUT = 60.0  # daemon start-up and peer link up
 XFER_TIMEOUT = 30.0  # one transfer's completions
 POLL = 0.05  # interval of the bounded polling loops
-EAL = ["-l", "0,1", "--no-huge", "--no-shconf", "-m", "256", "--log-level=lib.eal:error"]
+# KVP_WORKERS=N: N worker lcores per daemon, free to run on any CPU here (as tests/integ/lib.sh).
+WORKERS = int(os.environ.get("KVP_WORKERS", "1") or "1")
+if WORKERS > 1:
+    _cpus = f"(0-{(os.cpu_count() or 1) - 1})"
+    EAL = ["--lcores", ",".join(f"{i}@{_cpus}" for i in range(WORKERS + 1))]
+else:
+    EAL = ["-l", "0,1"]
+EAL += ["--no-huge", "--no-shconf", "-m", "256", "--log-level=lib.eal:error"]
 # e.g. "-d /path/librte_mempool_ring.so.23" where DPDK's plugin directory is absent
 EAL += os.environ.get("KVP_EAL_EXTRA", "").split()
 SANITIZER_MARKS = ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "runtime error:")

@@ -9,8 +9,12 @@ is unchanged after every sender's transfer has ended, senders see
 ``remote``, unfenced transfers land as before, and the fence's bounds
 (table full, hold time, bad arguments) hold.
 
+With several workers per daemon (KVP_WORKERS=2, test ``python-fence_w2``)
+the fencing client sits on decode0's worker 1 while the sender's bytes land
+through worker 0's links: the fence must hold through worker 0's mirror.
+
 Environment: KVPROXYD, KVPROXY_LIB (meson sets both), KVP_KEEP=1 keeps the
-temp dir. Exit status: 0 pass, 1 fail, 77 skip (with the reason).
+temp dir, KVP_WORKERS. Exit status: 0 pass, 1 fail, 77 skip (with the reason).
 """
 
 from __future__ import annotations
@@ -101,6 +105,9 @@ class FenceTest(unittest.TestCase):
         tb.log(f"temp dir {cls.tmp}")
         cls.prefill, cls.decode = start_pair(cls.tmp)
         cls.src = kvproxy.Client(cls.prefill.sock)
+        # Clients go to the worker with the fewest: with two workers this one
+        # takes decode0's worker 0, and the fencing client goes to worker 1.
+        cls.spare = kvproxy.Client(cls.decode.sock) if tb.WORKERS > 1 else None
         cls.dst = kvproxy.Client(cls.decode.sock)
         cls.sbuf = kvproxy.HostBuffer(128 * MIB)
         cls.dbuf = kvproxy.HostBuffer(128 * MIB)
@@ -111,8 +118,9 @@ class FenceTest(unittest.TestCase):
 
     @classmethod
     def tearDownClass(cls) -> None:
-        for c in (cls.src, cls.dst):
-            c.close()
+        for c in (cls.src, cls.dst, cls.spare):
+            if c is not None:
+                c.close()
         cls.sbuf.close()
         cls.dbuf.close()
         problems = [p for p in (d.stop() for d in (cls.decode, cls.prefill)) if p]
@@ -235,6 +243,30 @@ class FenceTest(unittest.TestCase):
         tb.log(f"frozen sender: {got}")
         self.assertGreater(got["fenced_xfers"] + got["forced"], 0, "the fence met nothing in flight")
         self.assertLess(got.get("ok", 0), 64 * MIB // SIZE, "every transfer succeeded past the fence")
+
+    def test_workers_crossed(self) -> None:
+        """With two workers: the fencing client is on decode0's worker 1, the bytes came
+        through worker 0 (its notices crossed) and worker 0's mirror refused them."""
+        if tb.WORKERS < 2:
+            self.skipTest("one worker per daemon")
+        st = self.decode.admin_call("stats")
+        mine = [c for c in st["clients"] if c["pid"] == os.getpid()]
+        self.assertEqual(sorted(c["worker"] for c in mine), [0, 1])
+        tag = self.tag()
+        self.sbuf[0:MIB] = pattern(MIB, 4)
+        self.src.submit(self.peer, [(self.sreg.key, 0, self.dreg.key, 0, MIB)], tag | 1)
+        self.assertTrue(self.wait_kind(self.src, "done", tag | 1).ok)
+        self.assertTrue(self.wait_kind(self.dst, "landed", tag | 1).ok)
+        self.assertTrue(self.fence(tag, 21).ok)
+        before = self.decode.admin_call("stats")
+        self.src.submit(self.peer, [(self.sreg.key, 0, self.dreg.key, 0, MIB)], tag | 2)
+        self.assertEqual(self.wait_kind(self.src, "done", tag | 2).status_name, "remote")
+        after = self.decode.admin_call("stats")
+        w0, w1 = after["workers"][0], after["workers"][1]
+        self.assertGreater(w0["landings_forwarded"], 0, "no landing notice crossed from worker 0")
+        self.assertGreater(w0["rx_bytes"], 0)
+        self.assertEqual(w1["rx_bytes"], 0, "bytes arrived on worker 1's links")
+        self.assertGreaterEqual(after["fences"]["fenced_bytes"] - before["fences"]["fenced_bytes"], MIB)
 
     def test_bad_arguments(self) -> None:
         with self.assertRaises(kvproxy.InvalidArgument):

@@ -255,8 +255,20 @@ sock_of() { echo "$KVP_TMP/$1.sock"; }
 admin_of() { echo "$KVP_TMP/$1.admin"; }
 
 # EAL arguments shared by every daemon of the suite (no hugepages, no shared
-# config, so several primaries can run on one host).
-KVP_EAL=(-l "0,1" --no-huge --no-shconf -m 256 --log-level=lib.eal:error)
+# config, so several primaries can run on one host). KVP_WORKERS=N (meson
+# sets 2 for the *_w2 variants) gives each daemon N worker lcores, all free
+# to run on any CPU of this host (the CI host has 2: the daemons' workers
+# share them and back off to blocking waits when idle).
+KVP_WORKERS=${KVP_WORKERS:-1}
+if [[ $KVP_WORKERS -gt 1 ]]; then
+	_cpus="(0-$(($(nproc) - 1)))"
+	_map="0@$_cpus"
+	for ((_i = 1; _i <= KVP_WORKERS; _i++)); do _map+=",$_i@$_cpus"; done
+	KVP_EAL=(--lcores "$_map" --no-huge --no-shconf -m 256 --log-level=lib.eal:error)
+	unset _cpus _map _i
+else
+	KVP_EAL=(-l "0,1" --no-huge --no-shconf -m 256 --log-level=lib.eal:error)
+fi
 # Extra EAL words from the environment (e.g. "-d /path/librte_mempool_ring.so"
 # on a host without DPDK's plugin directory).
 read -r -a KVP_EAL_EXTRA_ARR <<<"${KVP_EAL_EXTRA:-}"
@@ -266,15 +278,16 @@ KVP_EAL+=("${KVP_EAL_EXTRA_ARR[@]}")
 # the host); its pid goes to DPID[NODE_ID], its output to $KVP_TMP/NODE_ID.log.
 # KVP_EAL_DECODE / KVP_EAL_PREFILL: EAL words for decode* / prefill* daemons
 # only (the benchmarks put their lcores on different CPUs, as on two hosts);
-# with KVP_EAL_NO_LCORES=1 KVP_EAL's "-l 0,1" is left out (those words name
-# the lcores).
+# with KVP_EAL_NO_LCORES=1 KVP_EAL's lcore words ("-l 0,1" or "--lcores
+# MAP") are left out (those words name the lcores).
 declare -A DPID=()
 start_daemon() {
 	local id=$1 ns=$2 logf="$KVP_TMP/$1.log" extra=() eal=("${KVP_EAL[@]}")
 	KVP_DAEMON_LOGS+=("$logf")
 	[[ $id == decode* ]] && read -r -a extra <<<"${KVP_EAL_DECODE:-}"
 	[[ $id == prefill* ]] && read -r -a extra <<<"${KVP_EAL_PREFILL:-}"
-	[[ ${KVP_EAL_NO_LCORES:-0} == 1 && ${eal[0]} == -l ]] && eal=("${eal[@]:2}")
+	[[ ${KVP_EAL_NO_LCORES:-0} == 1 && (${eal[0]} == -l || ${eal[0]} == --lcores) ]] &&
+		eal=("${eal[@]:2}")
 	spawn "$ns" "$logf" - "$KVPROXYD" "${eal[@]}" "${extra[@]}" -- -c "$KVP_TMP/$id.conf"
 	DPID[$id]=$SPAWNED
 	log "started kvproxyd $id (pid ${DPID[$id]}${ns:+, netns $ns})"
@@ -411,6 +424,28 @@ honest_done() {
 	grep -q "decode: verified $size bytes" "$KVP_TMP/$tag.decode.out" ||
 		fail "honest decode client ($tag) did not verify $size bytes"
 	log "honest pair $tag: $size bytes transferred and verified"
+}
+
+# occupy_worker0 NODE NS: with several workers (KVP_WORKERS > 1), an idle
+# client on NODE takes worker 0 (clients go to the worker with the fewest),
+# so the test's next client there sits on worker 1 while the peer's first
+# worker sends to it: its bytes land through worker 0's links and queue
+# pairs, and its landing notices cross to worker 1. Does nothing with one
+# worker. release_worker0 NODE stops that client.
+declare -A KVP_OCCUPIER=()
+occupy_worker0() {
+	[[ $KVP_WORKERS -gt 1 ]] || return 0
+	spawn "$2" "$KVP_TMP/occupy.$1.out" - "$KVPROXY_BENCH" decode -s "$(sock_of "$1")" \
+		--size 4096 --seed 1 --key-file "$KVP_TMP/occupy.$1.key" --timeout 900
+	KVP_OCCUPIER[$1]=$SPAWNED
+	wait_file "$KVP_TMP/occupy.$1.key" 60 "$SPAWNED"
+	log "an idle client holds worker 0 of $1"
+}
+release_worker0() {
+	[[ -n ${KVP_OCCUPIER[$1]:-} ]] || return 0
+	stop_pid "${KVP_OCCUPIER[$1]}" 15 >/dev/null 2>&1 || true
+	untrack "${KVP_OCCUPIER[$1]}"
+	unset "KVP_OCCUPIER[$1]"
 }
 
 # ---- JSON checks (python3's json, no jq needed) ----

@@ -3,8 +3,10 @@
 # Asserts lcore placement from the configuration: cores = "auto" puts the
 # lcores on device-local CPUs within the process's affinity, or, where the
 # devices have none (veth here), on allowed CPUs, and says so in doctor;
-# cores = "MAIN,WORKER" pins them there; EAL lcore arguments win over both;
-# a malformed value is a configuration error naming the key.
+# with workers = 2 it places two workers on CPUs of their own; cores =
+# "MAIN,WORKER" pins them there; EAL lcore arguments win over both; a
+# malformed value is a configuration error naming the key, and more
+# workers than the lcores allow are refused with the reason.
 set -euo pipefail
 # shellcheck source-path=SCRIPTDIR source=lib.sh
 . "$(dirname "$0")/lib.sh"
@@ -21,9 +23,9 @@ EAL_NO_L=(--no-huge --no-shconf -m 256 --log-level=lib.eal:error "${KVP_EAL_EXTR
 
 PORT=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 
-# conf CORES: prefill0's config with that cores value (a peer that is never up).
+# conf CORES [EXTRA]: prefill0's config with that cores value (a peer that is never up).
 conf() {
-	write_conf prefill0 "127.0.0.1:$PORT" decode0 "127.0.0.1:9" "cores = \"$1\";"
+	write_conf prefill0 "127.0.0.1:$PORT" decode0 "127.0.0.1:9" "cores = \"$1\"; ${2:-}"
 }
 
 # start CPUS [EAL...]: kvproxyd under taskset CPUS; PID set.
@@ -89,4 +91,29 @@ for bad in banana "1," "1,2,3" "-1,2" " 1,2"; do
 		fail "cores = \"$bad\": no FILE:LINE error naming the key: $(cat "$KVP_TMP/check.out")"
 done
 log "malformed values refused with FILE:LINE"
+
+# 5. auto with workers = 2: two worker lcores, each on a CPU of its own.
+conf auto "workers = 2;"
+start "0-1" "${EAL_NO_L[@]}"
+w1=$(allowed rte-worker-1) w2=$(allowed rte-worker-2)
+[[ $w1 == 0 && $w2 == 1 ]] || fail "auto, workers = 2: worker threads on '$w1' and '$w2', expected CPUs 0 and 1"
+ctl prefill0 --json doctor >"$KVP_TMP/doctor.json"
+json_check "$KVP_TMP/doctor.json" "d['cores'].startswith('auto: 2 workers on CPUs 0,1')" \
+	"doctor does not say where auto put the two workers"
+wait_json prefill0 stats "len(d['workers']) == 2" 10 "two workers in stats"
+log "auto, workers = 2: $(json_get "$KVP_TMP/doctor.json" "d['cores']")"
+stop
+
+# 6. workers beyond what MAIN,WORKER names, or what the EAL was given, are refused.
+conf "1,0" "workers = 2;"
+rc=0
+"$KVPROXYD" -- -c "$KVP_TMP/prefill0.conf" --check >"$KVP_TMP/check.out" 2>&1 || rc=$?
+[[ $rc -eq 1 ]] && grep -q 'prefill0.conf:[0-9]*: workers = 2: cores = "1,0" names one worker CPU' "$KVP_TMP/check.out" ||
+	fail "workers = 2 with cores = \"1,0\": exit $rc, $(cat "$KVP_TMP/check.out")"
+conf "" "workers = 2;"
+rc=0
+timeout -k 5 60 "$KVPROXYD" "${KVP_EAL[@]}" -- -c "$KVP_TMP/prefill0.conf" >"$KVP_TMP/w.out" 2>&1 || rc=$?
+[[ $rc -eq 1 ]] && grep -q 'workers = 2 but the EAL has 1 worker lcore' "$KVP_TMP/w.out" ||
+	fail "workers = 2 with -l 0,1: exit $rc, $(tail -3 "$KVP_TMP/w.out")"
+log "workers beyond the lcores refused with the reason"
 log "PASS"

@@ -7,7 +7,9 @@
 #   equal  six clients of one node, each keeping 16 transfers queued
 #          against 16 transfer slots: until the first of them has all of
 #          its transfers done, each has completed at least half of an
-#          equal share (they take turns for slots and buffers)
+#          equal share (they take turns for slots and buffers); with
+#          KVP_WORKERS=2 (fairness_equal_w2) they are spread 3 + 3 over the
+#          workers and each worker's three take turns
 #   light  one heavy client with a deep backlog of 4 MiB transfers beside
 #          a light one sending 64 KiB transfers one at a time (the heavy one
 #          keeps 40 queued for 600 transfers, longer than admission_ms): the light
@@ -82,6 +84,13 @@ if [[ $MODE == equal ]]; then
 	json_check "$S" "all(c['waited'] > 0 for c in d['clients'])" \
 		"under overload every client's transfers must have waited (and been counted)"
 	log "shares while all six had work: $(json_get "$R" "[c['share'] for c in d['clients']]")"
+	# With several workers (fairness_equal_w2) each worker takes turns among its own
+	# clients: the six must be spread over the workers, as the stats rows say.
+	if ((${KVP_WORKERS:-1} > 1)); then
+		json_check "$S" "sorted(c['worker'] for c in d['clients']) == sorted(i % $KVP_WORKERS for i in range(6))" \
+			"the six clients must be spread over the $KVP_WORKERS workers (stats clients[].worker)"
+		log "clients' workers: $(json_get "$S" "[c['worker'] for c in d['clients']]")"
+	fi
 else
 	json_check "$R" "d['light']['completed'] == 50 and d['light']['status']['ok'] == 50" \
 		"the light client's transfers must all complete ok (no no-buffers)"

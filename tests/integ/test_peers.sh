@@ -17,6 +17,12 @@
 #            idle node with limits.max_peers = 256.
 #   bad      every bad peer_add / peer_remove input refused with the reason,
 #            nothing changed.
+#   workers  (KVP_WORKERS=2) three nodes of two workers each: decode2 joins
+#            prefill0 by peer_add while senders on both of prefill0's
+#            workers run, gets workers x tcp.connections links, carries
+#            transfers from both workers, and is removed mid-transfer; every
+#            byte checked, the removed peer's rows leave both workers' sums
+#            (zeroed there), and re-added it opens on both workers again.
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 
@@ -335,6 +341,147 @@ case_idle() {
 	stop_daemon_checked decode0
 }
 
+# start_src_w NAME: a sender on prefill0, to decode1 and decode2 by node id,
+# into the regions of receivers NAME1 and NAME2 (while decode2 is not a peer
+# its lookups say no-peer and are retried).
+start_src_w() {
+	spawn "${NS_NODE[0]}" "$KVP_TMP/$1.out" - "$PEERS_CLIENT" src -s "$(sock_of prefill0)" \
+		--xfer 16k --rate 100 --inflight 2 --stop "$KVP_TMP/src.stop" --out "$KVP_TMP/$1.json" \
+		"d1=decode1=$KVP_TMP/${1}1.key=4096" "d2=decode2=$KVP_TMP/${1}2.key=4096"
+	SRC_PID[$1]=$SPAWNED
+}
+declare -A SRC_PID=()
+
+case_workers() {
+	[[ $KVP_WORKERS -ge 2 ]] || setup_fail "the workers case needs KVP_WORKERS=2 (meson sets it)"
+	local t0 n r nodes=(prefill0 decode1 decode2) w='workers = 2;'
+	netns_bridge 93 3
+	peers_conf prefill0 "${ADDR_NODE[0]}:7400" "{ node_id = \"decode1\"; addr = \"${ADDR_NODE[1]}:7400\"; }" "$w"
+	peers_conf decode1 "${ADDR_NODE[1]}:7400" "" "$w"
+	peers_conf decode2 "${ADDR_NODE[2]}:7400" "" "$w"
+	t0=$(now)
+	for i in 0 1 2; do
+		start_daemon "${nodes[i]}" "${NS_NODE[i]}"
+	done
+	for n in "${nodes[@]}"; do
+		wait_admin "$n"
+	done
+	wait_peer_up prefill0 decode1
+	json_check <(stats_json prefill0) "[x['worker'] for x in d['workers']] == [0, 1]" "prefill0 runs two workers"
+	# Receivers a1, b1 on decode1 and a2, b2 on decode2: one client on each worker there.
+	for r in a1 b1; do start_dest "$r" decode1 "${NS_NODE[1]}"; done
+	for r in a2 b2; do start_dest "$r" decode2 "${NS_NODE[2]}"; done
+	# Senders a and b: a client goes to the worker with the fewest, so one on each.
+	start_src_w a
+	wait_json prefill0 stats "len(d['clients']) == 1" 20 "sender a connected"
+	start_src_w b
+	wait_json prefill0 stats "sorted(c['worker'] for c in d['clients']) == [0, 1]" 20 \
+		"one sender on each of prefill0's workers"
+	wait_verified a1 20 30
+	wait_verified b1 20 30
+
+	log "adding decode2 while both workers send to decode1"
+	ctl prefill0 peer add decode2 "${ADDR_NODE[2]}:7400" >/dev/null
+	wait_json prefill0 peers "[p['links_up'] for p in d['peers'] if p['node_id'] == 'decode2'] == [4]" 20 \
+		"decode2 got workers x tcp.connections = 4 links"
+	wait_json decode2 peers "[(p['node_id'], p['origin'], p['inbound_links']) for p in d['peers']] == [('prefill0', 'inbound', 4)]" 20 \
+		"decode2 took prefill0's 4 links as an inbound peer"
+	wait_verified a2 20 30
+	wait_verified b2 20 30
+	local handle
+	handle=$(ctl_get prefill0 peers "[p['index'] for p in d['peers'] if p['node_id'] == 'decode2'][0]")
+
+	log "removing decode2 mid-transfer (handle $handle)"
+	ctl prefill0 peer remove decode2 >/dev/null
+	wait_json prefill0 peers "not any(p['node_id'] == 'decode2' for p in d['peers'])" 20 \
+		"decode2 drained on both workers and its slot freed"
+	local a2_at_drain b2_at_drain a1_now b1_now
+	a2_at_drain=$(verified_of a2)
+	b2_at_drain=$(verified_of b2)
+	a1_now=$(verified_of a1)
+	b1_now=$(verified_of b1)
+	wait_verified a1 $((a1_now + 10)) 30
+	wait_verified b1 $((b1_now + 10)) 30
+
+	touch "$KVP_TMP/src.stop"
+	local s rc
+	for s in a b; do
+		rc=0
+		wait_pid "${SRC_PID[$s]}" 60 || rc=$?
+		cat "$KVP_TMP/$s.out" >&2
+		[[ $rc -eq 0 ]] || fail "sender $s exited $rc"
+		cat "$KVP_TMP/$s.json" >&2
+	done
+	for r in a1 b1 a2 b2; do
+		stop_dest "$r"
+	done
+	# Nothing moves now: one snapshot adds up.
+	stats_json prefill0 >"$KVP_TMP/p.json"
+	python3 - "$KVP_TMP" "$a2_at_drain" "$b2_at_drain" <<'PY' || fail "the transfers do not add up (see above)"
+import json, sys
+tmp, drained = sys.argv[1], {"a2": int(sys.argv[2]), "b2": int(sys.argv[3])}
+bad = []
+dest = {}
+for n in ("a1", "b1", "a2", "b2"):
+    w = open(f"{tmp}/{n}.status").read().split()
+    dest[n] = {"key": int(w[2]), "verified": int(w[4]), "mismatches": int(w[8])}
+typed = {"ok", "peer", "no-peer", "timeout"}
+ok_d1 = 0
+for s in ("a", "b"):
+    for r in (json.loads(l) for l in open(f"{tmp}/{s}.json")):
+        n = s + r["name"][1]
+        d = dest[n]
+        if r["key"] != d["key"]:
+            bad.append(f"{s}/{r['name']}: region {r['key']}, its receiver has {d['key']}")
+        if sum(r["status"].values()) != r["submitted"]:
+            bad.append(f"{n}: {r['submitted']} submitted, {sum(r['status'].values())} ended")
+        if not set(r["status"]) <= typed:
+            bad.append(f"{n}: statuses {sorted(r['status'])}")
+        if d["mismatches"]:
+            bad.append(f"{n}: {d['mismatches']} mismatches")
+        # Every transfer that completed ok landed and was checked byte for byte.
+        if r["ok"] > d["verified"] or r["ok"] == 0:
+            bad.append(f"{n}: {r['ok']} ok, {d['verified']} verified")
+        if r["name"] == "d1":
+            ok_d1 += r["ok"]
+            if set(r["status"]) != {"ok"}:
+                bad.append(f"{n}: decode1 stayed a peer, yet {r['status']}")
+        else:
+            if "no-peer" not in r["status"]:
+                bad.append(f"{n}: nothing refused with no-peer (before the add, after the removal)")
+            if d["verified"] != drained[n]:
+                bad.append(f"{n}: {d['verified'] - drained[n]} transfers landed after decode2 drained")
+p = json.load(open(tmp + "/p.json"))
+rows = {x["node_id"]: x for x in p["peers"]}
+ws = p["workers"]
+if set(rows) != {"decode1"}:
+    bad.append(f"peers {sorted(rows)}")
+elif rows["decode1"]["tx_xfers"] != ok_d1:
+    bad.append(f"decode1: tx_xfers {rows['decode1']['tx_xfers']}, the senders saw {ok_d1} ok")
+# A worker's tx_bytes sums every slot: had one kept decode2's rows, the sum would exceed.
+if set(rows) == {"decode1"} and sum(w["tx_bytes"] for w in ws) != rows["decode1"]["tx_bytes"]:
+    bad.append(f"workers' tx_bytes {[w['tx_bytes'] for w in ws]} != decode1's {rows['decode1']['tx_bytes']}:"
+               " the removed peer's rows were not zeroed on every worker")
+if any(w["xfers_submitted"] == 0 for w in ws):
+    bad.append(f"a worker sent nothing: {[w['xfers_submitted'] for w in ws]}")
+for b in bad:
+    print("FAIL:", b)
+print(f"{ok_d1} transfers ok to decode1; to decode2 verified {dest['a2']['verified']} + "
+      f"{dest['b2']['verified']}; workers' tx_bytes {[w['tx_bytes'] for w in ws]}")
+sys.exit(1 if bad else 0)
+PY
+	# Added again, it takes the freed slot anew (a new handle) and opens on both workers.
+	ctl prefill0 peer add decode2 "${ADDR_NODE[2]}:7400" >/dev/null
+	wait_json prefill0 stats "[x['links_up'] for x in d['workers']] == [4, 4]" 20 \
+		"decode2 re-added: each worker holds 2 links to decode1 and 2 to decode2"
+	json_check <(stats_json prefill0) "[(p['index'] != $handle and p['index'] % 1024 == $handle % 1024, p['tx_bytes'], p['tx_xfers']) for p in d['peers'] if p['node_id'] == 'decode2'] == [(True, 0, 0)]" \
+		"the re-added decode2: same slot, new handle, rows from zero"
+	for n in "${nodes[@]}"; do
+		stop_daemon_checked "$n"
+	done
+	log "workers case: $(awk -v a="$t0" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }') s"
+}
+
 # refused WHAT PATTERN CMD...: CMD exits 1 (a JSON-RPC error) with PATTERN in its message.
 refused() {
 	local what=$1 pat=$2 rc=0
@@ -419,6 +566,6 @@ case_bad() {
 }
 
 case "$CASE" in
-dynamic | reload | idle | bad) "case_$CASE" ;;
-*) setup_fail "unknown case '$CASE' (dynamic, reload, idle, bad)" ;;
+dynamic | reload | idle | bad | workers) "case_$CASE" ;;
+*) setup_fail "unknown case '$CASE' (dynamic, reload, idle, bad, workers)" ;;
 esac

@@ -2,7 +2,9 @@
 # SPDX-License-Identifier: BSD-3-Clause
 # Asserts: 256 MiB in mixed 4 KiB..8 MiB segments moves prefill0 -> decode0
 # across two network namespaces, every byte verified, and both nodes' stats
-# agree (bytes per peer, one ok completion per transfer, no failures).
+# agree (bytes per peer, one ok completion per transfer, no failures). With
+# several workers (KVP_WORKERS) the decode client sits on worker 1 while the
+# bytes land through worker 0's links: every landing notice crosses.
 set -euo pipefail
 # shellcheck source-path=SCRIPTDIR source=lib.sh
 . "$(dirname "$0")/lib.sh"
@@ -15,6 +17,7 @@ require_bins
 init_test
 start_pair 11
 
+occupy_worker0 decode0 "$NS_D"
 KEY="$KVP_TMP/decode.key"
 log "decode client: $SIZE bytes, seed $SEED"
 spawn "$NS_D" "$KVP_TMP/decode.out" "$KVP_TMP/decode.err" "$KVPROXY_BENCH" decode \
@@ -56,6 +59,11 @@ json_check "$KVP_TMP/d.stats" "d['totals']['xfers_landed'] == $XFERS" "decode0: 
 json_check "$KVP_TMP/p.stats" "peer('decode0')['bad_frames'] == 0" "prefill0: bad frames from decode0"
 json_check "$KVP_TMP/d.stats" "peer('prefill0')['bad_frames'] == 0" "decode0: bad frames from prefill0"
 log "stats agree: tx/rx >= $SIZE, $XFERS ok completions, no failures"
+if [[ $KVP_WORKERS -gt 1 ]]; then
+	json_check "$KVP_TMP/d.stats" "d['workers'][0]['landings_forwarded'] == $XFERS" \
+		"decode0: worker 0 should have handed every landing notice to worker 1"
+	release_worker0 decode0
+fi
 
 # Both clients are gone: their channels and regions must be reclaimed.
 for n in prefill0 decode0; do

@@ -48,10 +48,12 @@ write_conf decode0 "$KVP_RDMA_IP1:7400" prefill0 "$KVP_RDMA_IP0:7400" \
 
 up_pair "" ""
 qps_up() {
-	wait_json prefill0 stats "sum(r['qps_up'] for r in d['rdma']['rails']) == $RAILS" 60 \
-		"prefill0: $RAILS send QP(s) up"
+	wait_json prefill0 stats "sum(r['qps_up'] for r in d['rdma']['rails']) == $RAILS * $KVP_WORKERS" 60 \
+		"prefill0: $RAILS send QP(s) up per worker"
 }
 qps_up
+# With several workers the decode client sits on worker 1 (see lib.sh).
+occupy_worker0 decode0 ""
 
 # transfer TAG SIZE: decode + prefill clients in the background (DEC, PRE).
 transfer() {
@@ -129,8 +131,9 @@ kill)
 	dl=$(deadline_in 120)
 	landed=0
 	while before "$dl" && [[ $landed -lt 1 ]]; do
+		# The first "xfers_landed" is the node's (totals); the workers' rows follow.
 		landed=$(ctl decode0 --json stats 2>/dev/null | grep -o '"xfers_landed": *[0-9]*' |
-			grep -o '[0-9]*$' || echo 0)
+			head -1 | grep -o '[0-9]*$' || echo 0)
 		[[ $landed -ge 1 ]] || sleep "$KVP_POLL"
 	done
 	[[ $landed -ge 1 ]] || fail "decode0 landed nothing within 120 s"

@@ -44,8 +44,12 @@ write_conf prefill0 "$KVP_RDMA_IP0:7400" decode0 "$KVP_RDMA_IP1:7400" \
 write_conf decode0 "$KVP_RDMA_IP1:7400" prefill0 "$KVP_RDMA_IP0:7400" \
 	"rdma = { devices = \"$DEV_D\"; chunk = $CHUNK; };"
 up_pair "" ""
-wait_json prefill0 stats "sum(r['qps_up'] for r in d['rdma']['rails']) == $RAILS" 60 \
-	"prefill0: $RAILS send QP(s) up"
+# Every worker builds its own send QPs (KVP_WORKERS per daemon, 1 by default).
+wait_json prefill0 stats "sum(r['qps_up'] for r in d['rdma']['rails']) == $RAILS * $KVP_WORKERS" 60 \
+	"prefill0: $RAILS send QP(s) up per worker"
+# With several workers the decode client sits on worker 1: the WRITEs land
+# through worker 0's queue pairs and every landing notice crosses.
+occupy_worker0 decode0 ""
 
 KEY="$KVP_TMP/decode.key"
 log "decode client: $SIZE bytes, seed $SEED, $RAILS rail(s)"
@@ -84,6 +88,11 @@ if [[ $RAILS == 2 ]]; then
 		"prefill0: striping did not use both rails"
 fi
 log "rails: $(json_get "$KVP_TMP/p.stats" "[r['tx_bytes'] for r in d['rdma']['rails']]")"
+if [[ $KVP_WORKERS -gt 1 ]]; then
+	json_check "$KVP_TMP/d.stats" "d['workers'][0]['landings_forwarded'] == $XFERS" \
+		"decode0: worker 0 should have handed every landing notice to worker 1"
+	release_worker0 decode0
+fi
 stop_daemon_checked prefill0
 stop_daemon_checked decode0
 log "PASS"

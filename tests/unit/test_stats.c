@@ -28,6 +28,7 @@ static struct kvp_mr_stats mr;
 static char text[4u << 20];
 static struct kvp_peer peers[MAX_PEERS];
 static struct kvp_peer_stats peer_stats[2][MAX_PEERS];
+static struct kvp_worker_peer wpeers[2][MAX_PEERS];
 
 static int
 no_pause(unsigned rail, bool pause)
@@ -135,6 +136,8 @@ fill(void)
 	node.client_handshake_failures = v++;
 	node.ring_violations = v++;
 	node.client_accept_pauses = v++;
+	node.worker_clients[0] = (uint32_t)v++;
+	node.worker_clients[1] = (uint32_t)v++;
 	node.admin_stats = (struct kvp_admin_stats){ v, v + 1, v + 2, v + 3, v + 4, v + 5 };
 	mr = (struct kvp_mr_stats){ .regs = 11, .failures = 12, .dmabuf = 13, .peermem = 14,
 				    .deregs = 15, .reg_ns = 1600000, .reg_max_ns = 17000 };
@@ -303,11 +306,26 @@ spot_checks(json_t *status, json_t *stats)
 	CHECK_EQ(json_integer_value(json_object_get(p1, "conn_errors")),
 		 a->peer[1].conn_errors + b->peer[1].conn_errors);
 	CHECK_EQ(json_integer_value(json_object_get(p1, "connects")), node.peers[1].connects);
-	CHECK_EQ(json_array_size(json_object_get(p1, "link_tx_bytes")), node.cfg.tcp_conns);
+	/* tcp.connections per worker: a peer's links are every worker's. */
+	CHECK_EQ(json_array_size(json_object_get(p1, "link_tx_bytes")),
+		 node.cfg.tcp_conns * node.nworkers);
 	CHECK_EQ(json_integer_value(json_array_get(json_object_get(p1, "link_tx_bytes"), 1)),
 		 a->peer[1].link_tx_bytes[1] + b->peer[1].link_tx_bytes[1]);
 	CHECK_EQ(json_integer_value(json_object_get(w1, "lcore")), 5);
 	CHECK_EQ(json_integer_value(json_object_get(w1, "busy_ns")), b->busy_ns);
+	CHECK_EQ(json_integer_value(json_object_get(w1, "worker")), 1);
+	CHECK_EQ(json_integer_value(json_object_get(w1, "inflight")), 9);
+	CHECK_EQ(json_integer_value(json_object_get(w1, "clients")), node.worker_clients[1]);
+	/*
+	 * A worker's sums run over every slot: a slot is zeroed on each worker
+	 * when its peer closes there, so a removed peer's bytes leave them.
+	 */
+	uint64_t w1_tx = 0;
+	for (unsigned k = 0; k < MAX_PEERS; k++)
+		w1_tx += b->peer[k].tx_bytes;
+	CHECK_EQ(json_integer_value(json_object_get(w1, "tx_bytes")), w1_tx);
+	CHECK_EQ(json_integer_value(json_object_get(w1, "links_up")), 2 + 1);
+	CHECK_EQ(json_integer_value(json_object_get(w1, "landings_forwarded")), b->xlanded);
 	double max_ms = (double)(a->fence_ns_max > b->fence_ns_max ? a->fence_ns_max
 								 : b->fence_ns_max) / 1e6;
 	CHECK(fabs(json_real_value(json_object_get(json_object_get(stats, "fences"), "max_ms")) -
@@ -382,7 +400,8 @@ clients_fill(void)
 					      .inflight = 2 + k };
 		chans[i].stats = (struct kvp_chan_stats){ 100 + k, 50 + k, 10 + k };
 		clients[i] = (struct kvp_client_conn){ .state = KVP_CL_ACTIVE, .id = i | 1u << 16,
-						       .pid = 4000 + (int)i, .chan = &chans[i] };
+						       .pid = 4000 + (int)i, .chan = &chans[i],
+						       .worker = k };
 	}
 }
 
@@ -394,6 +413,7 @@ clients_check(json_t *stats)
 	CHECK_EQ(json_array_size(arr), 2);
 	CHECK_EQ(json_integer_value(json_object_get(c2, "id")), 2 | 1u << 16);
 	CHECK_EQ(json_integer_value(json_object_get(c2, "pid")), 4002);
+	CHECK_EQ(json_integer_value(json_object_get(c2, "worker")), 1);
 	CHECK_EQ(json_integer_value(json_object_get(c2, "sq_depth")), 6);
 	CHECK_EQ(json_integer_value(json_object_get(c2, "cq_depth")), 3);
 	CHECK_EQ(json_integer_value(json_object_get(c2, "inflight")), 3);
@@ -402,6 +422,8 @@ clients_check(json_t *stats)
 	CHECK_EQ(json_integer_value(json_object_get(c2, "refused")), 11);
 	double v;
 	CHECK(prom_value("kvproxy_client_refused_total", "client=\"65538\"", "pid=\"4002\"", &v) &&
+	      v == 11);
+	CHECK(prom_value("kvproxy_client_refused_total", "client=\"65538\"", "worker=\"1\"", &v) &&
 	      v == 11);
 }
 
@@ -431,6 +453,8 @@ main(void)
 	node.nworkers = 2;
 	for (unsigned w = 0; w < 2; w++) {
 		workers[w].stats.peer = peer_stats[w];
+		workers[w].peers = wpeers[w];
+		workers[w].npeers = MAX_PEERS;
 		workers[w].hist = hist[w];
 		workers[w].lcore = 3 + 2 * w;
 		workers[w].nxfers = 64;
@@ -444,6 +468,8 @@ main(void)
 						.paused = true, .numa_node = -1 };
 	fill();
 	clients_fill();
+	wpeers[1][1].links = 2; /* worker 1: two links to p1, one to a slot being drained */
+	wpeers[1][3].links = 1;
 
 	kvp_stats_prometheus(&node, text, sizeof(text));
 	json_t *status = stats_json(&node, "status"), *stats = stats_json(&node, "");

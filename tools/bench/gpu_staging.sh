@@ -27,6 +27,11 @@ init_test
 "$B/tools/bench/kvp-stage-copy-bench" -b 1048576
 "$B/tools/bench/kvp-stage-copy-bench" -b 4194304
 G=1073741824
+# Each daemon's main and worker lcores on CPUs of their own (prefill 0,1;
+# decode 2,3), as on two hosts: with KVP_EAL's "-l 0,1" for both, the two
+# workers shared CPU 1 and the GPU-to-GPU figure halved.
+export KVP_EAL_NO_LCORES=1 KVP_EAL_PREFILL=${KVP_EAL_PREFILL:--l 0,1} KVP_EAL_DECODE=${KVP_EAL_DECODE:--l 2,3}
+log "lcores: prefill0 $KVP_EAL_PREFILL, decode0 $KVP_EAL_DECODE (main first, then the worker)"
 for stage in 'stage = { pool = 67108864; buffer = 1048576; };' \
 	'stage = { pool = 134217728; buffer = 4194304; };'; do
 	echo "== $stage"

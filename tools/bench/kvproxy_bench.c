@@ -406,10 +406,16 @@ pct_us(const uint64_t *v, size_t n, unsigned int pct)
 	return n == 0 ? 0 : (double)v[r ? r - 1 : 0] / 1e3;
 }
 
+/*
+ * The summary; with --json also start_ns and end_ns (CLOCK_MONOTONIC): the
+ * first submission and the last completion, so that several clients' runs
+ * add up to one span.
+ */
 static void
-print_prefill(const struct opts *o, size_t nxfer, uint64_t bytes, double secs,
+print_prefill(const struct opts *o, size_t nxfer, uint64_t bytes, uint64_t t0, uint64_t t1,
 	      const uint64_t *status, uint64_t *lat)
 {
+	double secs = (double)(t1 - t0) / 1e9;
 	double gBps = secs > 0 ? (double)bytes / secs / 1e9 : 0;
 	FILE *hf = o->json ? stderr : stdout;
 
@@ -420,8 +426,9 @@ print_prefill(const struct opts *o, size_t nxfer, uint64_t bytes, double secs,
 		       nxfer, bytes, secs, gBps * 8, gBps);
 		for (int s = 0; s <= KVP_STATUS_MAX; s++)
 			printf("%s\"%s\":%" PRIu64, s ? "," : "", kvp_status_str(s), status[s]);
-		printf("},\"lat_us\":{\"p50\":%.1f,\"p99\":%.1f,\"max\":%.1f}}\n",
-		       pct_us(lat, nxfer, 50), pct_us(lat, nxfer, 99), pct_us(lat, nxfer, 100));
+		printf("},\"lat_us\":{\"p50\":%.1f,\"p99\":%.1f,\"max\":%.1f},"
+		       "\"start_ns\":%" PRIu64 ",\"end_ns\":%" PRIu64 "}\n",
+		       pct_us(lat, nxfer, 50), pct_us(lat, nxfer, 99), pct_us(lat, nxfer, 100), t0, t1);
 	}
 	fprintf(hf,
 		"prefill: %zu transfers, %" PRIu64
@@ -505,7 +512,7 @@ cmd_prefill(const struct opts *o, const struct plan *p)
 			t_end = now;
 		}
 	}
-	print_prefill(o, p->nxfer, ok_bytes, (double)(t_end - t0) / 1e9, status, lat);
+	print_prefill(o, p->nxfer, ok_bytes, t0, t_end, status, lat);
 	if (kvp_overflow(sd.c) != 0)
 		fail("warning: the completion ring overflowed %u times", kvp_overflow(sd.c));
 	side_close(&sd, o);

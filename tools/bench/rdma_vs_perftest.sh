@@ -110,6 +110,11 @@ rows=()
 for m in "${MSGS[@]}"; do
 	rows+=("$m $(perftest "$m")")
 done
+# The VM has 2 vCPUs and both daemons get EAL lcores 0,1: the decode
+# daemon's main lcore goes to vCPU 1 so its worker runs on 0, the prefill
+# worker on 1 (not both workers on vCPU 1).
+export KVP_EAL_DECODE=${KVP_EAL_DECODE---main-lcore 1}
+log "lcores: prefill0 ${KVP_EAL[*]:0:2} (worker on vCPU 1), decode0 the same with $KVP_EAL_DECODE (worker on vCPU 0)"
 start_daemon prefill0 ""
 start_daemon decode0 ""
 wait_admin prefill0

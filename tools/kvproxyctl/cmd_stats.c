@@ -38,11 +38,13 @@ static const char *const cols_peers[] = {
 	"bad_frames", "last_error", NULL,
 };
 static const char *const cols_clients[] = {
-	"id", "pid", "sq_depth", "cq_depth", "inflight", "regions", "cq_overflow",
-	"admitted", "waited", "refused", NULL,
+	"id",	    "pid",	"worker",   "sq_depth", "cq_depth", "inflight", "regions",
+	"cq_overflow", "admitted", "waited", "refused", NULL,
 };
 static const char *const cols_workers[] = {
-	"lcore", "loops", "busy_ns", "idle_ns", "sleeps", NULL,
+	"worker",   "lcore",    "clients",  "inflight",	      "links_up",      "tx_bytes",
+	"rx_bytes", "busy_ns",	"idle_ns",  "sleeps",	      "loops",	       "xfers_submitted",
+	"xfers_landed", "landings_forwarded", "messages_lost", NULL,
 };
 static const char *const cols_latency[] = {
 	"peer", "direction", "phase", "count", "mean_us", "p50_us", "p99_us", "sum_us", NULL,

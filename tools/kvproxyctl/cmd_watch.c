@@ -15,8 +15,10 @@ watch_usage(FILE *f, const char *cmd)
 		"Usage: %s [GLOBAL-OPTIONS] watch [--count N] [--interval SEC]\n"
 		"\n"
 		"Refresh a compact live view: transfers in flight, staging pool use,\n"
-		"completions, and per peer the throughput (from byte deltas between\n"
-		"refreshes) in both directions. Ctrl-C stops it.\n"
+		"completions, per peer the throughput (from byte deltas between\n"
+		"refreshes) in both directions, and per worker lcore its clients,\n"
+		"transfers in flight, throughput and how busy it was (time doing work\n"
+		"over time; blocked waits count as idle). Ctrl-C stops it.\n"
 		"\n"
 		"  --count N       stop after N refreshes\n"
 		"  --interval SEC  time between refreshes (default 1)\n",
@@ -28,6 +30,45 @@ struct peer_sample {
 	char node_id[64];
 	double tx, rx, txx, rxx; /* bytes, transfers */
 };
+
+#define WATCH_WORKERS 64
+
+static double num(json_t *o, const char *key);
+
+/* One row per worker: clients, in flight, throughput and busy share since the last refresh. */
+static void
+watch_workers(json_t *stats, double dt)
+{
+	static double prev_busy[WATCH_WORKERS], prev_idle[WATCH_WORKERS];
+	static double prev_tx[WATCH_WORKERS], prev_rx[WATCH_WORKERS];
+	json_t *ws = json_object_get(stats, "workers"), *w;
+	size_t i;
+
+	if (!json_is_array(ws) || json_array_size(ws) == 0)
+		return;
+	printf("%-6s %5s %7s %8s %10s %10s %6s\n", "WORKER", "LCORE", "CLIENTS", "INFLIGHT",
+	       "TX Gbit/s", "RX Gbit/s", "BUSY");
+	json_array_foreach(ws, i, w)
+	{
+		if (i >= WATCH_WORKERS)
+			break;
+		double busy = num(w, "busy_ns"), idle = num(w, "idle_ns");
+		double tx = num(w, "tx_bytes"), rx = num(w, "rx_bytes");
+
+		printf("%-6zu %5.0f %7.0f %8.0f ", i, num(w, "lcore"), num(w, "clients"),
+		       num(w, "inflight"));
+		double db = busy - prev_busy[i], di = idle - prev_idle[i];
+		if (dt > 0)
+			printf("%10.3f %10.3f %5.0f%%\n", (tx - prev_tx[i]) * 8 / dt / 1e9,
+			       (rx - prev_rx[i]) * 8 / dt / 1e9, db + di > 0 ? 100 * db / (db + di) : 0);
+		else
+			printf("%10s %10s %6s\n", "-", "-", "-");
+		prev_busy[i] = busy;
+		prev_idle[i] = idle;
+		prev_tx[i] = tx;
+		prev_rx[i] = rx;
+	}
+}
 
 static double
 num(json_t *o, const char *key)
@@ -130,6 +171,7 @@ cmd_watch(struct opts *o, int argc, char **argv)
 				printf("%10s %10s %8s %8s", "-", "-", "-", "-");
 			printf(" %11s %11s\n", b1, b2);
 		}
+		watch_workers(stat, dt);
 		watch_rails(stat, dt);
 		memcpy(prev, cur, sizeof(cur[0]) * ncur);
 		nprev = ncur;
