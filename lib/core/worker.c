@@ -22,8 +22,8 @@
 
 #define TIMER_PERIOD_NS 1000000ull /* deadline scan: 1 ms */
 /* Room for a message per peer slot at once (a reload that adds or removes many). */
-#define MSG_RING_SIZE	4096
-#define XRING_MAX	(1u << 16) /* cross-worker messages queued per ordered pair, at most */
+#define MSG_RING_SIZE   4096
+#define XRING_MAX       (1u << 16) /* cross-worker messages queued per ordered pair, at most */
 
 int
 kvp_worker_init(struct kvp_worker *w, unsigned idx, const struct kvp_config *cfg,
@@ -518,9 +518,8 @@ xinbox(struct kvp_worker *w)
 				const struct kvp_xmsg *m = &msgs[i];
 
 				if (m->type == KVP_XM_LANDED)
-					deliver_landed(w, m->peer, m->handle, m->owner,
-						       m->user_id, m->key, m->bytes, m->nseg,
-						       m->t0, m->t1);
+					deliver_landed(w, m->peer, m->handle, m->owner, m->user_id,
+						       m->key, m->bytes, m->nseg, m->t0, m->t1);
 				else
 					fence_xmsg(w, m);
 			}
