@@ -28,6 +28,7 @@
 
 static volatile sig_atomic_t stop;
 static volatile sig_atomic_t dump_stats; /* SIGUSR1: write the stats file now */
+static volatile sig_atomic_t reload;	 /* SIGHUP: re-read the configuration file */
 static char **eal_argv; /* our copy of argv with --no-pci, freed at exit */
 
 /* What pick_transports() found. */
@@ -53,6 +54,13 @@ on_usr1(int sig)
 {
 	(void)sig;
 	dump_stats = 1;
+}
+
+static void
+on_hup(int sig)
+{
+	(void)sig;
+	reload = 1;
 }
 
 static void
@@ -343,9 +351,10 @@ main(int argc, char **argv)
 		/* The limit is the service's, not this shell's: say it, do not fail on it. */
 		if (kvp_node_fd_limit(&cfg, want_workers, false, fdmsg, sizeof(fdmsg)) < 0)
 			fprintf(stderr, "kvproxyd: warning: %s\n", fdmsg);
-		printf("%s: configuration ok (node %s, %u peer(s), listen %s:%u, %s; needs up to "
-		       "%" PRIu64 " open files)\n",
-		       app.conf, cfg.node_id, cfg.npeers, cfg.listen_host, cfg.listen_port,
+		printf("%s: configuration ok (node %s, %u peer(s) of at most %u, listen %s:%u, %s; "
+		       "needs up to %" PRIu64 " open files)\n",
+		       app.conf, cfg.node_id, cfg.npeers, cfg.max_peers, cfg.listen_host,
+		       cfg.listen_port,
 		       cfg.auth_secret[0] ? "peers authenticated by secret"
 		       : cfg.auth_none	  ? "auth = \"none\": peers NOT authenticated"
 					  : "loopback only, no secret",
@@ -432,11 +441,13 @@ main(int argc, char **argv)
 	signal(SIGINT, on_signal);
 	signal(SIGTERM, on_signal);
 	signal(SIGUSR1, on_usr1);
+	signal(SIGHUP, on_hup);
 	signal(SIGPIPE, SIG_IGN);
 
 	describe_rails(&env);
 	describe_gpus(&env, ngpu);
 	env.cores_why = kvp_cores_why;
+	env.config_path = app.conf;
 	if (pick_workers(&cfg, &env) < 0 ||
 	    kvp_node_fd_limit(&cfg, env.nworkers, true, fdmsg, sizeof(fdmsg)) < 0) {
 		if (env.nworkers)
@@ -472,6 +483,11 @@ main(int argc, char **argv)
 		cfg.npeers, env.nworkers);
 	while (!stop) {
 		kvp_node_poll(&node, 100);
+		if (reload) {
+			reload = 0;
+			KVP_LOG(NOTICE, app, "SIGHUP: reloading %s", app.conf);
+			kvp_node_reload(&node, err, sizeof(err));
+		}
 		if (dump_stats) {
 			dump_stats = 0;
 			int rc = kvp_stats_write_file(&node);

@@ -347,17 +347,54 @@ kvp_peer_lookup(struct kvp_client *c, const char *node_id, uint16_t *peer)
 		client_set_error(c, "invalid peer lookup arguments");
 		return -EINVAL;
 	}
-	n = strnlen(node_id, KVP_NODE_ID_MAX);
-	if (n == 0 || n >= KVP_NODE_ID_MAX) {
-		client_set_error(c, "node id is empty or too long");
-		return -EINVAL;
+	/* Node ids have no ':': a name with one is an address, dialled on demand. */
+	if (strchr(node_id, ':') != NULL) {
+		n = strnlen(node_id, KVP_ADDR_MAX);
+		if (n >= KVP_ADDR_MAX) {
+			client_set_error(c, "peer address is too long");
+			return -EINVAL;
+		}
+		client_ctrl_init(&req, KVP_CTRL_PEER_ADDR);
+		memcpy(req.u.peer_addr.addr, node_id, n + 1);
+	} else {
+		n = strnlen(node_id, KVP_NODE_ID_MAX);
+		if (n == 0 || n >= KVP_NODE_ID_MAX) {
+			client_set_error(c, "node id is empty or too long");
+			return -EINVAL;
+		}
+		client_ctrl_init(&req, KVP_CTRL_PEER_LOOKUP);
+		memcpy(req.u.peer.node_id, node_id, n + 1);
 	}
-	client_ctrl_init(&req, KVP_CTRL_PEER_LOOKUP);
-	memcpy(req.u.peer.node_id, node_id, n + 1);
 	rc = client_ctrl_call(c, &req, -1, &rep, NULL, 0);
 	if (rc < 0)
 		return rc;
 	*peer = rep.u.peer.peer;
+	return 0;
+}
+
+int
+kvp_listen_addr(struct kvp_client *c, char *buf, size_t len)
+{
+	struct kvp_ctrl_req req;
+	struct kvp_ctrl_rep rep;
+	int rc;
+
+	if (c == NULL)
+		return -EINVAL;
+	if (buf == NULL || len == 0) {
+		client_set_error(c, "invalid listen address arguments");
+		return -EINVAL;
+	}
+	client_ctrl_init(&req, KVP_CTRL_NODE_ADDR);
+	rc = client_ctrl_call(c, &req, -1, &rep, NULL, 0);
+	if (rc < 0)
+		return rc;
+	rep.u.node_addr.addr[KVP_ADDR_MAX - 1] = '\0';
+	if (strlen(rep.u.node_addr.addr) >= len) {
+		client_set_error(c, "listen address longer than the buffer");
+		return -ENOSPC;
+	}
+	strcpy(buf, rep.u.node_addr.addr);
 	return 0;
 }
 

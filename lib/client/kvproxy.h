@@ -218,12 +218,33 @@ int kvp_region_register_cuda_fd(struct kvp_client *c, int fd, uint64_t len, int 
 int kvp_region_deregister(struct kvp_client *c, uint64_t key);
 
 /**
- * Resolve a peer's node id to the index used in kvp_xfer_desc.peer.
+ * Resolve a peer to the index used in kvp_xfer_desc.peer: by node id (a
+ * peer in the daemon's table: configured, added, or learned), or by address
+ * "host:port" (its kvproxyd's listen address). An address no peer has is
+ * dialled on demand: the daemon authenticates it, learns its node id from
+ * the handshake and keeps it as a peer; this call does not wait for that,
+ * the first transfer does (up to the daemon's timeouts.connect_ms, then it
+ * fails with KVP_EPEER and the reason in its detail, kvp_peer_why_str()).
+ * An index stays the peer's while it is in the table; once it is removed,
+ * transfers naming the index fail with KVP_ENOPEER.
  *
- * @return 0; -ENOENT if the node is not a configured peer; -EINVAL (NULL
- *   argument, empty or too long id); -EPIPE; -ETIMEDOUT; -EPROTO
+ * @return 0; -ENOENT if no peer has that node id; -EINVAL (NULL argument,
+ *   empty or too long id or address, malformed address, the daemon's own);
+ *   -ENOSPC (the daemon's peer table is full: limits.max_peers); -EAGAIN
+ *   (the daemon cannot take it now); -EOPNOTSUPP (a daemon too old for
+ *   addresses); -EPIPE; -ETIMEDOUT; -EPROTO. kvp_last_error() says why.
  */
 int kvp_peer_lookup(struct kvp_client *c, const char *node_id, uint16_t *peer);
+
+/**
+ * The address ("host:port") this client's kvproxyd listens on for peers:
+ * what a remote client names it by in kvp_peer_lookup() (a wildcard address
+ * such as 0.0.0.0 must be replaced by one the remote can reach).
+ *
+ * @return 0; -EINVAL (NULL); -ENOSPC (@p len too small); -EOPNOTSUPP (an
+ *   older daemon); -EPIPE; -ETIMEDOUT; -EPROTO
+ */
+int kvp_listen_addr(struct kvp_client *c, char *buf, size_t len);
 
 /**
  * Submit one transfer (header and segments published atomically).

@@ -38,6 +38,7 @@ const struct conf_row config_rows[] = {
 	U32("workers", workers, 0, KVP_WORKERS_MAX, 0),
 	{ "log_level", CT_LOGLEVEL, F(log_level), 0, 0, 0, "info", RT },
 	U32("limits.max_clients", max_clients, 1, 1024, 16),
+	U32("limits.max_peers", max_peers, 1, KVP_PEERS_MAX, 64),
 	U32("limits.max_regions", max_regions, 1, 65535, 1024),
 	U32("limits.max_inflight", max_inflight, 1, 65536, 256),
 	U32("limits.max_segments", max_segments, 1, KVP_XFER_SEGS_MAX, 1024),
@@ -49,6 +50,7 @@ const struct conf_row config_rows[] = {
 	U32("timeouts.connect_ms", connect_timeout_ms, 10, 600000, 1000),
 	U32("timeouts.peer_ms", peer_timeout_ms, 10, 600000, 1000),
 	U32("timeouts.reconnect_ms", reconnect_ms, 1, 60000, 200),
+	U32("timeouts.peer_forget_ms", peer_forget_ms, 1000, 86400000, 300000),
 	U32_RT("timeouts.admission_ms", admission_timeout_ms, 1, 3600000, 1000),
 	U32_RT("timeouts.admin_ms", admin_timeout_ms, 10, 600000, 5000),
 	U32_RT("timeouts.admin_idle_ms", admin_idle_ms, 10, 86400000, 60000),
@@ -78,6 +80,7 @@ const struct conf_row config_rows[] = {
 	U32("rdma.timeout", rdma_timeout, 1, 31, 14),
 	U32("rdma.retry", rdma_retry, 0, 7, 7),
 	{ "rdma.dmabuf_host", CT_BOOL, F(rdma_dmabuf_host), 0, 0, 0, NULL, 0 },
+	{ "accept_unknown_peers", CT_BOOL, F(accept_unknown), 0, 0, 1, NULL, RT },
 	{ "auth", CT_AUTH, F(auth_none), 0, 0, 0, "", 0 },
 	{ "auth.secret", CT_STR, F(auth_secret), 0, 0, 0, "", SECRET },
 	{ "auth.secret_file", CT_SECRET_FILE, F(auth_secret), 0, 0, 0, "", SECRET },
@@ -115,16 +118,22 @@ fail_at(struct errctx *e, const config_setting_t *s, const char *fmt, ...)
 	return -EINVAL;
 }
 
-static int
-parse_hostport(const char *s, char *host, size_t hlen, uint16_t *port)
+int
+kvp_config_parse_hostport(const char *s, char *host, size_t hlen, uint16_t *port)
 {
 	const char *colon = strrchr(s, ':');
 	char *end;
 
 	if (!colon || colon == s || (size_t)(colon - s) >= hlen)
 		return -EINVAL;
+	/* Names, IPv4 and bracketed IPv6 (with a zone): nothing a resolver would read otherwise. */
+	for (const char *c = s; c < colon; c++)
+		if (!isalnum((unsigned char)*c) && !strchr(".-_:[]%", *c))
+			return -EINVAL;
+	if (colon[1] < '0' || colon[1] > '9')
+		return -EINVAL;
 	unsigned long p = strtoul(colon + 1, &end, 10);
-	if (*end != '\0' || colon[1] == '\0' || p == 0 || p > 65535)
+	if (*end != '\0' || p == 0 || p > 65535)
 		return -EINVAL;
 	memcpy(host, s, (size_t)(colon - s));
 	host[colon - s] = '\0';
@@ -231,7 +240,7 @@ set_str(struct kvp_config *cfg, const struct conf_row *r, const char *v, const c
 		strcpy(dst, v);
 		return 0;
 	case CT_HOSTPORT:
-		if (parse_hostport(v, cfg->listen_host, sizeof(cfg->listen_host),
+		if (kvp_config_parse_hostport(v, cfg->listen_host, sizeof(cfg->listen_host),
 				   &cfg->listen_port) < 0) {
 			*why = "expected \"host:port\"";
 			return -EINVAL;
@@ -377,10 +386,10 @@ apply_setting(struct kvp_config *cfg, const struct conf_row *r, config_setting_t
 	return 0;
 }
 
-static bool
-valid_node_id(const char *id)
+bool
+kvp_config_node_id_ok(const char *id)
 {
-	if (id[0] == '\0')
+	if (id[0] == '\0' || strlen(id) >= KVP_NODE_ID_MAX)
 		return false;
 	for (const char *p = id; *p; p++)
 		if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') ||
@@ -396,8 +405,9 @@ load_peers(struct kvp_config *cfg, config_setting_t *list, struct errctx *e)
 		return fail_at(e, list, "peers: expected a list ( { node_id = ...; addr = ...; }, ... )");
 	int n = config_setting_length(list);
 
-	if (n > KVP_PEERS_MAX)
-		return fail_at(e, list, "peers: at most %d peers", KVP_PEERS_MAX);
+	if ((uint32_t)n > cfg->max_peers)
+		return fail_at(e, list, "peers: %d peers, but limits.max_peers is %u", n,
+			       cfg->max_peers);
 	for (int i = 0; i < n; i++) {
 		config_setting_t *g = config_setting_get_elem(list, (unsigned)i);
 		struct kvp_peer_conf *p = &cfg->peers[i];
@@ -422,9 +432,9 @@ load_peers(struct kvp_config *cfg, config_setting_t *list, struct errctx *e)
 		}
 		if (!id || !addr)
 			return fail_at(e, g, "peers[%d]: node_id and addr are required", i);
-		if (strlen(id) >= sizeof(p->node_id) || !valid_node_id(id))
+		if (strlen(id) >= sizeof(p->node_id) || !kvp_config_node_id_ok(id))
 			return fail_at(e, g, "peers[%d]: bad node_id '%s'", i, id);
-		if (parse_hostport(addr, p->host, sizeof(p->host), &p->port) < 0)
+		if (kvp_config_parse_hostport(addr, p->host, sizeof(p->host), &p->port) < 0)
 			return fail_at(e, g, "peers[%d]: addr: expected \"host:port\"", i);
 		strcpy(p->node_id, id);
 		if (strcmp(id, cfg->node_id) == 0)
@@ -580,7 +590,7 @@ kvp_config_load(const char *path, struct kvp_config *cfg, char *err, size_t errl
 	rc = walk(cfg, root, "", &e);
 	if (rc < 0)
 		goto out;
-	if (!valid_node_id(cfg->node_id)) {
+	if (!kvp_config_node_id_ok(cfg->node_id)) {
 		rc = fail_at(&e, config_lookup(&lc, "node_id"),
 			     "node_id: required, letters, digits, '-', '_', '.'");
 		goto out;

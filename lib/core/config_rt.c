@@ -25,6 +25,7 @@ static const struct {
 	{ "listen", "the peer listener is bound at start" },
 	{ "transport", "the transport is chosen and built at start" },
 	{ "cores", "lcores are placed when the EAL starts" },
+	{ "workers", "worker lcores are launched at start" },
 	{ "limits.", "tables and rings are sized from it at start (memory never grows)" },
 	{ "timeouts.", "peer links and transports take it at start" },
 	{ "tcp.", "connection buffers are allocated from it at start" },

@@ -96,7 +96,7 @@ slow_write(struct kvp_slow *e, const struct kvp_xfer *x, uint64_t total_ns)
 	e->total_ns = total_ns;
 	memcpy(e->ts, x->ts, sizeof(e->ts));
 	e->nseg = x->nseg;
-	e->peer = x->peer;
+	e->peer = x->handle;
 	e->status = (int16_t)x->status;
 	/* Pairs with the acquire load of seq in kvp_slowest_read(). */
 	__atomic_store_n(&e->seq, seq + 2, __ATOMIC_RELEASE);

@@ -17,7 +17,14 @@
 
 /* ---- configuration ---- */
 
-#define KVP_PEERS_MAX 64
+/**
+ * Peer slots: limits.max_peers is at most KVP_PEERS_MAX. A peer's handle
+ * (what clients name it by, kvp_peer_lookup()) is its slot in the low
+ * KVP_PEER_SLOT_BITS bits and the slot's generation above them, so that a
+ * handle of a removed peer never names the one that reuses its slot.
+ */
+#define KVP_PEER_SLOT_BITS 10
+#define KVP_PEERS_MAX	   (1u << KVP_PEER_SLOT_BITS)
 /** Most worker lcores per node. */
 #define KVP_WORKERS_MAX 64
 /** Most TCP connections per worker, peer and direction (tcp.connections). */
@@ -60,6 +67,7 @@ struct kvp_config {
 	int log_level; /**< RTE_LOG_* */
 
 	uint32_t max_clients;
+	uint32_t max_peers; /**< peer slots: every per-peer table is sized from it at start */
 	uint32_t max_regions;
 	uint32_t max_inflight; /**< transfers in flight (per worker) */
 	uint32_t max_segments;
@@ -72,6 +80,7 @@ struct kvp_config {
 	uint32_t connect_timeout_ms;
 	uint32_t peer_timeout_ms;
 	uint32_t reconnect_ms;
+	uint32_t peer_forget_ms; /**< an on-demand or inbound peer without links this long is removed */
 	uint32_t admission_timeout_ms;
 	uint32_t admin_timeout_ms; /**< an admin request line or reply must finish within this */
 	uint32_t admin_idle_ms;	   /**< an admin connection with nothing to do is closed after this */
@@ -95,6 +104,7 @@ struct kvp_config {
 
 	char auth_secret[256]; /**< shared secret; empty = peers are not authenticated */
 	bool auth_none;	       /**< auth = "none": unauthenticated on purpose (any listen address) */
+	bool accept_unknown;   /**< accept_unknown_peers: a node not in the table may connect [runtime] */
 
 	/* RDMA transport (lib/gdr). */
 	char rdma_devices[256];	   /**< "dev[:port],..." rails to use; "" = every active port */
@@ -117,6 +127,7 @@ struct kvp_config {
 	uint32_t stats_interval_ms; /**< period of the stats file; 0 = only on SIGUSR1 */
 	uint32_t slowest_window_s;  /**< the slowest-transfers table keeps this recent a past */
 
+	/** The file's peer list: the starting set (the node's table changes at run time). */
 	uint32_t npeers;
 	struct kvp_peer_conf peers[KVP_PEERS_MAX];
 };
@@ -135,6 +146,17 @@ int kvp_config_load(const char *path, struct kvp_config *cfg, char *err, size_t 
 
 /** Index of @p node_id among the configured peers, or -1. */
 int kvp_config_peer_index(const struct kvp_config *cfg, const char *node_id);
+
+/** A node id as the configuration accepts it: 1..31 of letters, digits, '-', '_', '.'. */
+bool kvp_config_node_id_ok(const char *id);
+
+/**
+ * Split "host:port" (the last ':' separates; "[v6]:port" keeps its brackets
+ * in @p host) as the configuration's addresses are read.
+ *
+ * @return 0; -EINVAL (no port, port 0 or above 65535, empty or too long host)
+ */
+int kvp_config_parse_hostport(const char *s, char *host, size_t hlen, uint16_t *port);
 
 /** Kinds of configuration values, as config_get reports them. */
 enum kvp_config_kind {

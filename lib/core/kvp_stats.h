@@ -67,7 +67,7 @@ struct kvp_worker_stats {
 	uint64_t xlanded;	  /**< landing notices handed to the client's own worker */
 	uint64_t xmsg_lost;	  /**< messages to another worker lost: its ring was full */
 	uint64_t completions[KVP_STATUS_MAX];
-	struct kvp_peer_stats peer[KVP_PEERS_MAX];
+	struct kvp_peer_stats *peer; /**< limits.max_peers rows, by peer slot */
 	/* RDMA transport. */
 	uint64_t rdma_xfers;	 /**< transfers sent by RDMA (the rest went over TCP) */
 	uint64_t rdma_fallbacks; /**< transfers that took TCP although RDMA was up */

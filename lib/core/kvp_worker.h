@@ -116,7 +116,7 @@ struct kvp_slow {
 	uint64_t total_ns; /**< submit (or pickup) -> done */
 	uint64_t ts[KVP_TS_MAX];
 	uint32_t nseg;
-	uint16_t peer;
+	uint16_t peer; /**< the peer's handle (kvp_peer_handle()): a reused slot does not match */
 	int16_t status;
 };
 
@@ -146,19 +146,40 @@ bool kvp_slowest_read(const struct kvp_slowest *t, unsigned i, struct kvp_slow *
 
 enum kvp_xfer_state {
 	KVP_XS_FREE = 0,
-	KVP_XS_ACTIVE,	 /**< owned by the transport */
+	KVP_XS_ACTIVE,	 /**< owned by the transport (or waiting for its peer: KVP_XFER_TP_WAIT) */
 	KVP_XS_BACKLOG, /**< ended; its completion waits for room in the CQ */
 };
+
+/** kvp_xfer.tp of a transfer no transport owns yet: it waits for its new peer's first link. */
+#define KVP_XFER_TP_WAIT 0xffu
+
+/** kvp_xfer.peer before the transfer's handle named an open peer slot. */
+#define KVP_PEER_NONE 0xffffu
+
+/** The handle clients name peer slot @p slot of generation @p gen by. */
+static inline uint16_t
+kvp_peer_handle(uint32_t slot, uint32_t gen)
+{
+	return (uint16_t)(slot | (gen << KVP_PEER_SLOT_BITS));
+}
+
+/** The slot a handle names (its generation may be stale). */
+static inline uint32_t
+kvp_peer_handle_slot(uint32_t handle)
+{
+	return handle & (KVP_PEERS_MAX - 1);
+}
 
 /** A transfer in flight on the sending node; slots are preallocated per worker. */
 struct kvp_xfer {
 	uint32_t idx; /**< slot in the worker's table; low half of the wire tag */
 	uint32_t gen; /**< bumped on reuse; high half of the wire tag */
 	uint8_t state;
-	uint8_t tp; /**< the transport that owns it (index into kvp_worker.tp) */
-	uint16_t peer;
+	uint8_t tp; /**< the transport that owns it (index into kvp_worker.tp), or KVP_XFER_TP_WAIT */
+	uint16_t peer;	 /**< peer slot, KVP_PEER_NONE until the handle named an open one */
+	uint16_t handle; /**< the peer as the client named it (echoed in the completion) */
 	int status; /**< first failure seen, KVP_OK otherwise */
-	uint16_t detail;  /**< KVP_EINVAL: enum kvp_invalid */
+	uint16_t detail;  /**< KVP_EINVAL: enum kvp_invalid; KVP_EPEER, KVP_ENOPEER: kvp_peer_why */
 	uint32_t bad_seg; /**< KVP_EINVAL: the segment at fault */
 	struct kvp_chan *chan; /**< NULL once the client has gone */
 	uint32_t client;       /**< submitting client's id (kept when chan goes) */
@@ -310,7 +331,8 @@ struct kvp_xmsg {
 	uint32_t nseg;	  /**< LANDED */
 	uint32_t xid;	  /**< FENCE_*: the fence's serial on its owner */
 	uint32_t flags;	  /**< FENCE_CLEAR: KVP_XM_F_FORCED */
-	uint32_t rsvd;
+	uint16_t handle;  /**< LANDED: the peer's handle (the slot's generation) where it landed */
+	uint16_t rsvd;
 };
 
 #define KVP_XM_F_FORCED 0x1u /**< the mirror had to force its transports */
@@ -388,12 +410,16 @@ enum kvp_msg_type {
 	KVP_MSG_CONN_DOWN,    /**< worker -> main: connection closed */
 	KVP_MSG_QUIT,
 	KVP_MSG_CANCEL, /**< main -> worker: cancel (client, user_id) from the admin socket */
+	KVP_MSG_PEER_OPEN,   /**< main -> worker: peer slot in use (handle, why, until_ns, node_id) */
+	KVP_MSG_PEER_WHY,    /**< main -> worker: why it has no link now; its node id once learned */
+	KVP_MSG_PEER_CLOSE,  /**< main -> worker: drain the peer, then close it; reply PEER_CLOSED */
+	KVP_MSG_PEER_CLOSED, /**< worker -> main: nothing of the peer left here; its rows are zero */
 	KVP_MSG_TYPES
 };
 
 struct kvp_msg {
 	int type;
-	uint16_t peer;
+	uint16_t peer; /**< peer slot */
 	uint8_t link;
 	bool outgoing;
 	int fd;
@@ -401,7 +427,34 @@ struct kvp_msg {
 	struct kvp_chan *chan;
 	uint32_t client;  /**< CANCEL: client id */
 	uint64_t user_id; /**< CANCEL */
+	uint16_t handle;  /**< PEER_OPEN */
+	uint8_t why;	  /**< PEER_OPEN, PEER_WHY: enum kvp_peer_why */
+	uint64_t until_ns; /**< PEER_OPEN: transfers wait for a first link until then */
+	char node_id[KVP_NODE_ID_MAX]; /**< PEER_OPEN, PEER_WHY ("": unchanged or not known) */
 	char reason[128];
+};
+
+enum kvp_worker_peer_state {
+	KVP_WP_FREE = 0,
+	KVP_WP_OPEN,
+	KVP_WP_CLOSING, /**< refuses new transfers; closes once those in flight ended */
+};
+
+/**
+ * A worker's view of one peer slot (its lcore only), opened and closed by
+ * the main lcore's messages (wpeer.c).
+ */
+struct kvp_worker_peer {
+	uint8_t state;	     /**< enum kvp_worker_peer_state */
+	uint8_t links;	     /**< outgoing connections up on this worker */
+	uint8_t why;	     /**< enum kvp_peer_why: why transfers fail while no link is up */
+	bool close_due;	     /**< CLOSING and nothing in flight: close at the next tick */
+	uint16_t handle;     /**< what clients name it by */
+	uint32_t inflight;   /**< transfers to it that have not ended */
+	uint64_t wait_until_ns; /**< a transfer finding no link waits for one until then */
+	struct kvp_xfer *wait_head; /**< transfers waiting for the first link, in order */
+	struct kvp_xfer *wait_tail;
+	char node_id[KVP_NODE_ID_MAX]; /**< for log lines; "" until known */
 };
 
 struct kvp_worker {
@@ -438,10 +491,13 @@ struct kvp_worker {
 	struct kvp_chan **chans; /**< by client slot */
 	uint32_t nchans;
 	uint32_t chan_slots;
-	struct kvp_chan **act;	  /**< the nchans channels, densely: admission turns go round it */
-	uint32_t rr;		  /**< the act[] index whose turn is next */
-	struct kvp_chan *notify;  /**< channels whose eventfd is owed a ring */
-	uint8_t peer_links[KVP_PEERS_MAX]; /**< outgoing connections up per peer */
+	struct kvp_worker_peer *peers; /**< cfg->max_peers slots */
+	uint32_t npeers;               /**< slots (limits.max_peers) */
+	uint32_t nwaiting;             /**< transfers waiting for a peer's first link */
+	uint32_t closes_due;           /**< peers with close_due set */
+	struct kvp_chan **act;   /**< the nchans channels, densely: admission turns go round it */
+	uint32_t rr;             /**< the act[] index whose turn is next */
+	struct kvp_chan *notify; /**< channels whose eventfd is owed a ring */
 
 	uint64_t next_timer_ns;
 	volatile bool quit;
@@ -452,7 +508,7 @@ struct kvp_worker {
 	uint32_t fences_pending;  /**< of them, not yet known to hold */
 	uint32_t fence_xid;	  /**< last serial given to one of its fences */
 	struct kvp_worker_stats stats;
-	struct kvp_hist *hist; /**< [peer * KVP_HP_MAX + phase], one row per configured peer */
+	struct kvp_hist *hist; /**< [peer slot * KVP_HP_MAX + phase], limits.max_peers rows */
 	struct kvp_slowest slowest;
 };
 
@@ -582,6 +638,12 @@ void kvp_worker_landed(struct kvp_worker *w, uint16_t peer, uint32_t owner, uint
 /** Transport callback: a connection closed; the main lcore reconnects. */
 void kvp_worker_conn_down(struct kvp_worker *w, uint16_t peer, uint8_t link, bool outgoing,
 			  const char *reason);
+
+/**
+ * Open peer slot @p slot on a worker that is not running yet (start-up; at
+ * run time the main lcore sends KVP_MSG_PEER_OPEN instead).
+ */
+void kvp_worker_peer_open(struct kvp_worker *w, const struct kvp_msg *m);
 
 /** Client slot of a client id (index into kvp_worker.chans). */
 static inline uint32_t

@@ -81,7 +81,21 @@ kvp_worker_handover(struct kvp_worker *w, struct kvp_xfer *x)
 void
 route_cancel(struct kvp_worker *w, struct kvp_xfer *x, int status)
 {
+	if (x->tp == KVP_XFER_TP_WAIT) {
+		/* No transport has it yet: it waits for its peer's first link. */
+		wpeer_unwait(w, x);
+		kvp_worker_xfer_end(w, x, status);
+		return;
+	}
 	w->tp[x->tp].ops->cancel(w->tp[x->tp].tctx, x, status);
+}
+
+void
+route_disconnect(struct kvp_worker *w, uint16_t peer)
+{
+	for (unsigned i = 0; i < w->ntp; i++)
+		if (w->tp[i].ops->disconnect)
+			w->tp[i].ops->disconnect(w->tp[i].tctx, peer);
 }
 
 int

@@ -229,7 +229,9 @@ poll_chan(struct kvp_worker *w, struct kvp_chan *ch, uint64_t now, unsigned max_
 		ch->head_waited = false;
 		(*admitted)++;
 		KVP_STAT_ADD(ch->stats.admitted, 1);
-		x->peer = h.peer;
+		x->peer = KVP_PEER_NONE; /* until wpeer_admit() finds the handle's slot open */
+		x->handle = h.peer;
+		x->tp = 0;
 		x->status = KVP_OK;
 		x->detail = KVP_INVAL_NONE;
 		x->bad_seg = 0;
@@ -275,10 +277,10 @@ poll_chan(struct kvp_worker *w, struct kvp_chan *ch, uint64_t now, unsigned max_
 
 		if (st == KVP_OK && now >= x->deadline_ns)
 			st = KVP_ETIMEDOUT; /* expired while queued in the ring */
-		if (st == KVP_OK && h.peer >= w->cfg->npeers)
-			st = KVP_ENOPEER;
-		if (st == KVP_OK && !w->peer_links[h.peer])
-			st = KVP_EPEER;
+		if (st == KVP_OK)
+			st = wpeer_admit(w, x, now);
+		if (st == WPEER_WAIT)
+			continue; /* posted when its peer's first link comes up */
 		if (st != KVP_OK) {
 			fail_now(w, x, st);
 			continue;

@@ -21,8 +21,9 @@
 #include "worker_priv.h"
 
 #define TIMER_PERIOD_NS 1000000ull /* deadline scan: 1 ms */
-#define MSG_RING_SIZE	1024
-#define XRING_MAX	(1u << 16) /* cross-worker messages queued per ordered pair, at most */
+/* Room for a message per peer slot at once (a reload that adds or removes many). */
+#define MSG_RING_SIZE   4096
+#define XRING_MAX       (1u << 16) /* cross-worker messages queued per ordered pair, at most */
 
 int
 kvp_worker_init(struct kvp_worker *w, unsigned idx, const struct kvp_config *cfg,
@@ -54,14 +55,20 @@ kvp_worker_init(struct kvp_worker *w, unsigned idx, const struct kvp_config *cfg
 					    64, socket);
 	w->chans = rte_zmalloc_socket("kvp_chans", sizeof(*w->chans) * w->chan_slots, 64, socket);
 	w->act = rte_zmalloc_socket("kvp_act", sizeof(*w->act) * w->chan_slots, 64, socket);
-	w->hist = rte_zmalloc_socket("kvp_hist",
-				     sizeof(*w->hist) * KVP_HP_MAX * (cfg->npeers ? cfg->npeers : 1),
-				     64, socket);
-	w->fences = rte_zmalloc_socket("kvp_fences", sizeof(*w->fences) * cfg->max_fences, 64,
-				       socket);
+	/* Every per-peer table has limits.max_peers rows from the start: a peer that joins takes one. */
+	w->npeers = cfg->max_peers;
+	w->peers = rte_zmalloc_socket("kvp_wpeers", sizeof(*w->peers) * w->npeers, 64, socket);
+	w->stats.peer = rte_zmalloc_socket("kvp_peer_stats", sizeof(*w->stats.peer) * w->npeers, 64,
+					   socket);
+	w->hist = rte_zmalloc_socket("kvp_hist", sizeof(*w->hist) * KVP_HP_MAX * w->npeers, 64,
+				     socket);
+	w->fences =
+		rte_zmalloc_socket("kvp_fences", sizeof(*w->fences) * cfg->max_fences, 64, socket);
 	if (!w->xfers || !w->free_idx || !w->segs || !w->sqe_scratch || !w->chans || !w->act ||
-	    !w->hist || !w->fences)
+	    !w->hist || !w->fences || !w->peers || !w->stats.peer)
 		goto err_free;
+	for (uint32_t i = 0; i < w->npeers; i++)
+		w->peers[i].handle = KVP_PEER_NONE;
 	for (uint32_t i = 0; i < w->nxfers; i++) {
 		w->xfers[i].idx = i;
 		w->xfers[i].segs = &w->segs[(size_t)i * cfg->max_segments];
@@ -150,6 +157,10 @@ kvp_worker_fini(struct kvp_worker *w)
 	rte_free(w->fences);
 	w->fences = NULL;
 	rte_free(w->hist);
+	rte_free(w->peers);
+	rte_free(w->stats.peer);
+	w->peers = NULL;
+	w->stats.peer = NULL;
 	rte_free(w->act);
 	w->act = NULL;
 	rte_free(w->chans);
@@ -258,8 +269,8 @@ log_deadline_miss(struct kvp_worker *w, const struct kvp_xfer *x)
 		   "missed its deadline by %" PRIu64 " us, status %s; us: queue %" PRIu64
 		   " admit %" PRIu64 " first_byte %" PRIu64 " send %" PRIu64 " wire %" PRIu64
 		   " deliver %" PRIu64 " total %" PRIu64 "%s",
-		   x->client, x->user_id,
-		   x->peer < w->cfg->npeers ? w->cfg->peers[x->peer].node_id : "?", x->bytes,
+		   x->client, x->user_id, x->peer < w->npeers ? w->peers[x->peer].node_id : "?",
+		   x->bytes,
 		   x->nseg, (t[KVP_TS_DONE] - x->deadline_ns) / 1000, kvp_status_str(x->status),
 		   span(t, KVP_TS_SUBMIT, KVP_TS_PICKUP) / 1000,
 		   span(t, KVP_TS_PICKUP, KVP_TS_ADMIT) / 1000,
@@ -291,7 +302,7 @@ account(struct kvp_worker *w, struct kvp_xfer *x, uint64_t now)
 		return;
 	uint64_t total = t[KVP_TS_DONE] - xfer_start(x);
 
-	if (x->status == KVP_OK && x->peer < w->cfg->npeers) {
+	if (x->status == KVP_OK && x->peer < w->npeers) {
 		for (int p = 0; p < KVP_HP_TOTAL; p++)
 			if (t[ph_from[p]])
 				kvp_hist_record(kvp_worker_hist(w, x->peer, p),
@@ -321,7 +332,7 @@ post_done(struct kvp_xfer *x, uint64_t now)
 
 	memset(&c, 0, sizeof(c));
 	c.kind = KVP_CQE_DONE;
-	c.peer = x->peer;
+	c.peer = x->handle;
 	c.status = x->status;
 	c.user_id = x->user_id;
 	c.bytes = x->status == KVP_OK ? x->bytes : 0;
@@ -329,6 +340,8 @@ post_done(struct kvp_xfer *x, uint64_t now)
 	if (x->status == KVP_EINVAL) {
 		c.detail = x->detail;
 		c.bad_seg = x->bad_seg;
+	} else if (x->status == KVP_EPEER || x->status == KVP_ENOPEER) {
+		c.detail = x->detail; /* enum kvp_peer_why, where it was known */
 	}
 	uint64_t *t = x->ts;
 	t[KVP_TS_DONE] = now;
@@ -360,6 +373,7 @@ void
 kvp_worker_xfer_end(struct kvp_worker *w, struct kvp_xfer *x, int status)
 {
 	uint64_t now = kvp_mono_ns();
+	uint16_t slot = x->peer;
 
 	if (x->status == KVP_OK)
 		x->status = status;
@@ -370,38 +384,46 @@ kvp_worker_xfer_end(struct kvp_worker *w, struct kvp_xfer *x, int status)
 		}
 	}
 	KVP_STAT_ADD(w->stats.completions[x->status], 1);
-	if (x->status == KVP_OK)
-		KVP_STAT_ADD(w->stats.peer[x->peer].tx_xfers, 1);
+	if (x->status == KVP_OK && slot < w->npeers)
+		KVP_STAT_ADD(w->stats.peer[slot].tx_xfers, 1);
 	if (x->status == KVP_ENOBUFS && x->chan)
 		KVP_STAT_ADD(x->chan->stats.refused, 1);
 	if (!x->chan) {
 		xfer_free(w, x, now);
-		return;
+	} else {
+		x->chan->inflight--;
+		if (x->chan->backlog_head || !post_done(x, now)) {
+			x->ts[KVP_TS_DONE] = 0;
+			backlog_push(w, x->chan, x);
+		} else {
+			xfer_free(w, x, now);
+		}
 	}
-	x->chan->inflight--;
-	if (x->chan->backlog_head || !post_done(x, now)) {
-		x->ts[KVP_TS_DONE] = 0;
-		backlog_push(w, x->chan, x);
-		return;
-	}
-	xfer_free(w, x, now);
+	/* Last: a closing peer may close once its last transfer has left the table. */
+	if (slot < w->npeers)
+		wpeer_ended(w, slot);
 }
 
-/* The landing notice reaches the client's worker: post it to the client's CQ. */
+/*
+ * The landing notice reaches the client's worker: post it to the client's
+ * CQ. @p peer is the slot (for this worker's histograms), @p handle the
+ * peer's handle as the worker it landed on knew it.
+ */
 static void
-deliver_landed(struct kvp_worker *w, uint16_t peer, uint32_t owner, uint64_t user_id,
-	       uint64_t dst_key, uint64_t bytes, uint32_t nseg, uint64_t first_ns, uint64_t landed)
+deliver_landed(struct kvp_worker *w, uint16_t peer, uint16_t handle, uint32_t owner,
+	       uint64_t user_id, uint64_t dst_key, uint64_t bytes, uint32_t nseg, uint64_t first_ns,
+	       uint64_t landed)
 {
 	uint32_t slot = kvp_client_slot(owner);
 	struct kvp_chan *ch = slot < w->chan_slots ? w->chans[slot] : NULL;
-	bool stats = KVP_STAT_READ(w->cfg->stats_enabled) && peer < w->cfg->npeers;
+	bool stats = KVP_STAT_READ(w->cfg->stats_enabled) && peer < w->npeers;
 	struct kvp_cqe c;
 
 	if (!ch || ch->id != owner || ch->broken)
 		return;
 	memset(&c, 0, sizeof(c));
 	c.kind = KVP_CQE_LANDED;
-	c.peer = peer;
+	c.peer = handle;
 	c.status = KVP_OK;
 	c.user_id = user_id;
 	c.bytes = bytes;
@@ -442,18 +464,22 @@ void
 kvp_worker_landed(struct kvp_worker *w, uint16_t peer, uint32_t owner, uint64_t user_id,
 		  uint64_t dst_key, uint64_t bytes, uint32_t nseg, uint64_t first_ns)
 {
-	bool stats = KVP_STAT_READ(w->cfg->stats_enabled) && peer < w->cfg->npeers;
+	bool known = peer < w->npeers;
+	bool stats = KVP_STAT_READ(w->cfg->stats_enabled) && known;
+	uint16_t handle = known ? w->peers[peer].handle : KVP_PEER_NONE;
 	uint64_t landed = kvp_mono_ns();
 	unsigned to = owner_worker(w, owner);
 
 	KVP_STAT_ADD(w->stats.xfers_landed, 1);
-	KVP_STAT_ADD(w->stats.peer[peer].rx_xfers, 1);
+	if (known)
+		KVP_STAT_ADD(w->stats.peer[peer].rx_xfers, 1);
 	if (first_ns == 0 || first_ns > landed)
 		first_ns = landed; /* no payload (or a clock oddity): nothing to time */
 	if (stats)
 		kvp_hist_record(kvp_worker_hist(w, peer, KVP_HP_RX_RECV), landed - first_ns);
 	if (to == w->idx) {
-		deliver_landed(w, peer, owner, user_id, dst_key, bytes, nseg, first_ns, landed);
+		deliver_landed(w, peer, handle, owner, user_id, dst_key, bytes, nseg, first_ns,
+			       landed);
 		return;
 	}
 	/* The bytes are in place; only the notice crosses to the client's worker. */
@@ -461,6 +487,7 @@ kvp_worker_landed(struct kvp_worker *w, uint16_t peer, uint32_t owner, uint64_t 
 		.type = KVP_XM_LANDED,
 		.from = (uint8_t)w->idx,
 		.peer = peer,
+		.handle = handle,
 		.owner = owner,
 		.user_id = user_id,
 		.key = dst_key,
@@ -491,8 +518,8 @@ xinbox(struct kvp_worker *w)
 				const struct kvp_xmsg *m = &msgs[i];
 
 				if (m->type == KVP_XM_LANDED)
-					deliver_landed(w, m->peer, m->owner, m->user_id, m->key,
-						       m->bytes, m->nseg, m->t0, m->t1);
+					deliver_landed(w, m->peer, m->handle, m->owner, m->user_id,
+						       m->key, m->bytes, m->nseg, m->t0, m->t1);
 				else
 					fence_xmsg(w, m);
 			}
@@ -516,9 +543,10 @@ void
 kvp_worker_conn_down(struct kvp_worker *w, uint16_t peer, uint8_t link, bool outgoing,
 		     const char *reason)
 {
-	if (outgoing && w->peer_links[peer] > 0)
-		w->peer_links[peer]--;
-	KVP_STAT_ADD(w->stats.peer[peer].conn_errors, 1);
+	if (outgoing)
+		wpeer_link_down(w, peer);
+	if (peer < w->npeers)
+		KVP_STAT_ADD(w->stats.peer[peer].conn_errors, 1);
 	worker_send_main(w, KVP_MSG_CONN_DOWN, peer, link, outgoing, NULL, reason);
 }
 
@@ -585,14 +613,26 @@ kvp_worker_inbox(struct kvp_worker *w)
 			chan_del(w, m->chan);
 			break;
 		case KVP_MSG_CONN_ADD:
-			rc = route_attach(w, m->peer, m->link, m->fd, m->outgoing, m->epoch);
+			/* Only an open slot takes connections (the main lcore opens it first). */
+			rc = m->peer < w->npeers && w->peers[m->peer].state == KVP_WP_OPEN
+				     ? route_attach(w, m->peer, m->link, m->fd, m->outgoing, m->epoch)
+				     : -ENOENT;
 			if (rc < 0) {
 				close(m->fd);
 				worker_send_main(w, KVP_MSG_CONN_DOWN, m->peer, m->link, m->outgoing, NULL,
 					  "transport refused the connection");
 			} else if (m->outgoing) {
-				w->peer_links[m->peer]++;
+				wpeer_link_up(w, m->peer);
 			}
+			break;
+		case KVP_MSG_PEER_OPEN:
+			kvp_worker_peer_open(w, m);
+			break;
+		case KVP_MSG_PEER_WHY:
+			wpeer_why(w, m);
+			break;
+		case KVP_MSG_PEER_CLOSE:
+			wpeer_close(w, m->peer);
 			break;
 		case KVP_MSG_QUIT:
 			w->quit = true;
@@ -657,6 +697,7 @@ kvp_worker_timers(struct kvp_worker *w, uint64_t now)
 	if (now < w->next_timer_ns)
 		return 0;
 	w->next_timer_ns = now + TIMER_PERIOD_NS;
+	work += wpeer_timers(w, now);
 	if (w->nfences)
 		work += fence_timers(w, now);
 	for (uint32_t i = 0; i < w->chan_slots; i++) {

@@ -33,7 +33,30 @@ void route_cancel(struct kvp_worker *w, struct kvp_xfer *x, int status);
 int route_attach(struct kvp_worker *w, uint16_t peer, uint8_t link, int fd, bool outgoing,
 		 uint64_t epoch);
 uint32_t route_fence(struct kvp_worker *w, const struct kvp_fence *f, bool force);
+/* Close every connection of peer slot @p peer on every transport. */
+void route_disconnect(struct kvp_worker *w, uint16_t peer);
 void route_destroy(struct kvp_worker *w);
+
+/* wpeer.c: the worker's peer slots */
+/* wpeer_admit(): the transfer waits for its peer's first link (a private value, not a status). */
+#define WPEER_WAIT (-1)
+/*
+ * Resolve x->handle to its open peer slot (x->peer) and count it in flight
+ * there. @return KVP_OK (post it), WPEER_WAIT (parked until a link comes up
+ * or the peer's wait ends), KVP_ENOPEER or KVP_EPEER (x->detail says why)
+ */
+int wpeer_admit(struct kvp_worker *w, struct kvp_xfer *x, uint64_t now);
+/* A transfer counted by wpeer_admit() has ended (it left the transfer table). */
+void wpeer_ended(struct kvp_worker *w, uint16_t slot);
+void wpeer_why(struct kvp_worker *w, const struct kvp_msg *m);
+void wpeer_close(struct kvp_worker *w, uint16_t slot);
+/* An outgoing connection of the peer came up (waiting transfers go) or went down. */
+void wpeer_link_up(struct kvp_worker *w, uint16_t slot);
+void wpeer_link_down(struct kvp_worker *w, uint16_t slot);
+/* Take a waiting transfer off its peer's list (cancel, deadline). */
+void wpeer_unwait(struct kvp_worker *w, struct kvp_xfer *x);
+/* Waits that ended, closes that are due. @return work done */
+int wpeer_timers(struct kvp_worker *w, uint64_t now);
 
 /* fence.c */
 void fence_add(struct kvp_worker *w, struct kvp_chan *ch, const struct kvp_sqe_fence *f,

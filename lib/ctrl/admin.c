@@ -21,35 +21,6 @@
 #include "ctrl_priv.h"
 
 static json_t *
-m_peers(struct kvp_node *n, json_t *params, struct rpc_err *e)
-{
-	json_t *arr;
-	char addr[80], epoch[24];
-
-	if (!admin_no_params(params))
-		return admin_fail(e, RPC_INVALID_PARAMS, "peers takes no params");
-	arr = json_array();
-	for (uint16_t i = 0; i < n->cfg.npeers; i++) {
-		const struct kvp_peer *p = &n->peers[i];
-
-		snprintf(addr, sizeof(addr), "%s:%u", n->cfg.peers[i].host, n->cfg.peers[i].port);
-		snprintf(epoch, sizeof(epoch), "%016" PRIx64, p->epoch);
-		json_array_append_new(
-			arr, json_pack("{s:s, s:i, s:s, s:s, s:b, s:i, s:i, s:i, s:s, s:I, s:I, s:I, s:s}",
-				       "node_id", n->cfg.peers[i].node_id, "index", (int)i, "addr",
-				       addr, "state", kvp_peer_state_name(n, i), "inbound_up",
-				       p->in_up != 0, "links", (int)p->links, "links_up",
-				       __builtin_popcountll(p->out_up), "inbound_links",
-				       __builtin_popcountll(p->in_up), "epoch", epoch, "connects",
-				       (json_int_t)p->connects, "disconnects",
-				       (json_int_t)p->disconnects, "handshake_failures",
-				       (json_int_t)p->handshake_failures, "last_error",
-				       p->last_error));
-	}
-	return json_pack("{s:o}", "peers", arr);
-}
-
-static json_t *
 m_cancel(struct kvp_node *n, json_t *params, struct rpc_err *e)
 {
 	json_int_t client = -1, user_id = -1;
@@ -84,12 +55,14 @@ span_of(const uint64_t *t, int a, int b)
 
 /* Where an in-flight transfer is, from the stamps it has reached. */
 static const char *
-xfer_phase(uint8_t state, int status, const uint64_t *ts)
+xfer_phase(uint8_t state, uint8_t tp, int status, const uint64_t *ts)
 {
 	if (state == KVP_XS_BACKLOG)
 		return "delivering"; /* ended; its completion waits for room in the CQ */
 	if (status != KVP_OK)
 		return "aborting";
+	if (tp == KVP_XFER_TP_WAIT)
+		return "connecting"; /* its new peer has no link yet */
 	if (!ts[KVP_TS_ADMIT])
 		return "waiting"; /* for window or staging buffers */
 	if (!ts[KVP_TS_FIRST])
@@ -101,10 +74,21 @@ xfer_phase(uint8_t state, int status, const uint64_t *ts)
 	return "acked";
 }
 
+/* A transfer's peer by slot (in flight: its slot is still the peer's). */
 static const char *
 peer_name(const struct kvp_node *n, uint16_t peer)
 {
-	return peer < n->cfg.npeers ? n->cfg.peers[peer].node_id : "?";
+	return peer_live(n, peer) ? peer_label(n, peer) : "?";
+}
+
+/* An ended transfer's peer by handle: a slot reused since is not its peer. */
+static const char *
+handle_name(const struct kvp_node *n, uint16_t handle)
+{
+	uint32_t slot = kvp_peer_handle_slot(handle);
+
+	return peer_live(n, slot) && peer_handle(n, slot) == handle ? peer_label(n, slot)
+								      : "(removed)";
 }
 
 /* Optional {"limit": N}: false if params are malformed or N is out of range. */
@@ -148,6 +132,7 @@ m_transfers(struct kvp_node *n, json_t *params, struct rpc_err *e)
 			uint32_t nseg = __atomic_load_n(&x->nseg, __ATOMIC_RELAXED);
 			uint16_t peer = __atomic_load_n(&x->peer, __ATOMIC_RELAXED);
 			int status = __atomic_load_n(&x->status, __ATOMIC_RELAXED);
+			uint8_t tp = __atomic_load_n(&x->tp, __ATOMIC_RELAXED);
 			__atomic_thread_fence(__ATOMIC_ACQUIRE);
 			if (__atomic_load_n(&x->gen, __ATOMIC_RELAXED) != gen ||
 			    __atomic_load_n(&x->state, __ATOMIC_RELAXED) == KVP_XS_FREE)
@@ -162,7 +147,7 @@ m_transfers(struct kvp_node *n, json_t *params, struct rpc_err *e)
 				arr,
 				json_pack("{s:s, s:i, s:I, s:s, s:s, s:f, s:f, s:I, s:i, s:s}", "id", id,
 					  "client", (int)client, "user_id", (json_int_t)user_id, "peer",
-					  peer_name(n, peer), "phase", xfer_phase(state, status, ts),
+					  peer_name(n, peer), "phase", xfer_phase(state, tp, status, ts),
 					  "age_ms", now > start ? (double)(now - start) / 1e6 : 0.0,
 					  "deadline_in_ms",
 					  ((double)deadline - (double)now) / 1e6, "bytes",
@@ -198,7 +183,7 @@ slow_json(const struct kvp_node *n, const struct kvp_slow *s, uint64_t now)
 			       "deliver_us", (double)span_of(t, KVP_TS_ACKED, KVP_TS_DONE) / 1e3);
 	return json_pack("{s:s, s:i, s:I, s:s, s:s, s:I, s:i, s:f, s:b, s:f, s:o}", "tag", tag,
 			 "client", (int)s->client, "user_id", (json_int_t)s->user_id, "peer",
-			 peer_name(n, s->peer), "status", kvp_status_str(s->status), "bytes",
+			 handle_name(n, s->peer), "status", kvp_status_str(s->status), "bytes",
 			 (json_int_t)s->bytes, "nseg", (int)s->nseg, "total_us",
 			 (double)s->total_ns / 1e3, "deadline_missed",
 			 t[KVP_TS_DONE] > s->deadline_ns, "ended_s_ago",
@@ -342,9 +327,8 @@ value_text(json_t *v, char *buf, size_t len)
 	return 0;
 }
 
-/* What a runtime change must also do besides storing the value. */
-static void
-config_applied(struct kvp_node *n, const char *key)
+void
+admin_config_applied(struct kvp_node *n, const char *key)
 {
 	if (strcmp(key, "log_level") == 0)
 		rte_log_set_level_pattern("kvp.*", (uint32_t)n->cfg.log_level);
@@ -380,7 +364,7 @@ m_config_set(struct kvp_node *n, json_t *params, struct rpc_err *e)
 		return admin_fail(e, RPC_REFUSED, "%s", why);
 	if (rc < 0)
 		return admin_fail(e, RPC_INVALID_PARAMS, "%s", why);
-	config_applied(n, key);
+	admin_config_applied(n, key);
 	KVP_LOG(NOTICE, core, "config_set %s: %s -> %s", key, prev, text);
 	json_t *o = conf_entry(n, key, false);
 	struct kvp_config_info info;
@@ -403,7 +387,7 @@ m_log_level(struct kvp_node *n, json_t *params, struct rpc_err *e)
 		return json_pack("{s:s}", "level", prev);
 	if (kvp_config_set(&n->cfg, "log_level", level, why, sizeof(why)) < 0)
 		return admin_fail(e, RPC_INVALID_PARAMS, "%s", why);
-	config_applied(n, "log_level");
+	admin_config_applied(n, "log_level");
 	KVP_LOG(NOTICE, core, "log level %s -> %s", prev, kvp_log_level_name(n->cfg.log_level));
 	return json_pack("{s:s, s:s}", "level", kvp_log_level_name(n->cfg.log_level), "previous",
 			 prev);
@@ -413,7 +397,6 @@ void
 admin_methods_init(struct kvp_node *n)
 {
 	(void)n;
-	rpc_register("peers", m_peers);
 	rpc_register("transfers", m_transfers);
 	rpc_register("slowest", m_slowest);
 	rpc_register("cancel", m_cancel);

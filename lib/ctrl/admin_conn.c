@@ -38,8 +38,6 @@
 #define ACCEPT_RETRY_NS 100000000ull
 #define ADMIN_TIMER_NS 10000000ull /* connection bounds are checked this often */
 
-/* Big enough for the Prometheus text with JSON escaping; one for all connections. */
-static char reply[ADMIN_REPLY_MAX];
 
 static uint64_t
 ms_ns(uint32_t ms)
@@ -152,8 +150,9 @@ serve(struct kvp_node *n, uint32_t slot, uint64_t now)
 	bool answered = false;
 
 	while (!a->out && (nl = memchr(start, '\n', a->len - (uint32_t)(start - a->buf)))) {
-		size_t rl =
-			kvp_admin_handle(n, start, (size_t)(nl - start), reply, sizeof(reply) - 1);
+		char *reply = n->admin_reply;
+		size_t rl = kvp_admin_handle(n, start, (size_t)(nl - start), reply,
+					     n->admin_reply_len - 1);
 
 		start = nl + 1;
 		answered = true;
@@ -306,6 +305,11 @@ on_conn(struct kvp_node *n, void *arg, uint32_t events)
 int
 admin_conn_init(struct kvp_node *n)
 {
+	/* The largest reply line: the Prometheus text with JSON escaping; one for all connections. */
+	n->admin_reply_len = 2 * n->stats_len;
+	n->admin_reply = malloc(n->admin_reply_len);
+	if (!n->admin_reply)
+		return -ENOMEM;
 	loop_every(n, &n->admin_timer, ADMIN_TIMER_NS, kvp_admin_timers);
 	return loop_watch(n, &n->admin_lw, n->admin_lfd, EPOLLIN, on_listen, NULL);
 }

@@ -1,7 +1,10 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
  * Client socket (main lcore): HELLO creates the client's channel and hands
- * it to a worker; REG/DEREG manage regions; PEER_LOOKUP resolves node ids.
+ * it to a worker; REG/DEREG manage regions; PEER_LOOKUP resolves node ids,
+ * PEER_ADDR addresses (a new one becomes an on-demand peer, dialled at once:
+ * the reply does not wait for it, the first transfer does), NODE_ADDR says
+ * where peers reach this node.
  * Every request gets a reply with an errno and a reason; a client that
  * breaks the protocol is disconnected and its resources reclaimed.
  *
@@ -360,6 +363,37 @@ do_reg(struct kvp_node *n, struct kvp_client_conn *c, const struct kvp_ctrl_req 
 	job_post(n, &r->job);
 }
 
+/*
+ * A peer named by address: the one dialled there, else a new on-demand peer
+ * (its node id comes from its handshake). The reply is at once; a transfer
+ * to a peer without a link yet waits for one up to timeouts.connect_ms.
+ */
+static void
+peer_by_addr(struct kvp_node *n, const struct kvp_ctrl_req *req, struct kvp_ctrl_rep *rep)
+{
+	char addr[KVP_ADDR_MAX], host[64], why[192];
+	uint16_t port;
+	int slot;
+
+	memcpy(addr, req->u.peer_addr.addr, sizeof(addr));
+	addr[sizeof(addr) - 1] = '\0';
+	if (kvp_config_parse_hostport(addr, host, sizeof(host), &port) < 0) {
+		rep_error(rep, -EINVAL, "'%.80s': expected \"host:port\" (port 1-65535)", addr);
+		return;
+	}
+	slot = peer_find_addr(n, host, port);
+	if (slot < 0)
+		slot = peer_add(n, KVP_PEER_ON_DEMAND, "", host, port, why, sizeof(why));
+	if (slot < 0) {
+		/* Own address, a full table, workers that cannot be told: the reason says which. */
+		rep_error(rep, slot == -ENOSPC ? -ENOSPC : slot == -ENOBUFS ? -EAGAIN : -EINVAL,
+			  "%s", why);
+		return;
+	}
+	rep->u.peer.peer = peer_handle(n, (uint32_t)slot);
+	snprintf(rep->u.peer.node_id, sizeof(rep->u.peer.node_id), "%s", n->peers[slot].node_id);
+}
+
 static void
 handle_req(struct kvp_node *n, struct kvp_client_conn *c, const struct kvp_ctrl_req *req)
 {
@@ -399,14 +433,28 @@ handle_req(struct kvp_node *n, struct kvp_client_conn *c, const struct kvp_ctrl_
 
 		memcpy(id, req->u.peer.node_id, sizeof(id));
 		id[sizeof(id) - 1] = '\0';
-		rc = kvp_config_peer_index(&n->cfg, id);
+		rc = peer_find(n, id, false);
 		if (rc < 0)
-			rep_error(&rep, -ENOENT, "'%s' is not a configured peer of %s", id,
-				  n->cfg.node_id);
+			rep_error(&rep, -ENOENT, "'%s' is not a configured peer of %s%s", id,
+				  n->cfg.node_id,
+				  peer_find(n, id, true) >= 0 ? " (it is being removed)" : "");
+		else if (!n->peers[rc].host[0])
+			/* It dialled us; nothing can be sent to it until it is named by address. */
+			rep_error(&rep, -ENOENT,
+				  "'%s' is not a configured peer of %s: it connected to it (inbound) "
+				  "and has no address to be dialled at; name it by its address",
+				  id, n->cfg.node_id);
 		else
-			rep.u.peer.peer = (uint16_t)rc;
+			rep.u.peer.peer = peer_handle(n, (uint32_t)rc);
 		break;
 	}
+	case KVP_CTRL_PEER_ADDR:
+		peer_by_addr(n, req, &rep);
+		break;
+	case KVP_CTRL_NODE_ADDR:
+		snprintf(rep.u.node_addr.addr, sizeof(rep.u.node_addr.addr), "%s:%u",
+			 n->cfg.listen_host, n->cfg.listen_port);
+		break;
 	default:
 		rep_error(&rep, -EOPNOTSUPP, "unknown request %u", req->op);
 		break;

@@ -18,8 +18,6 @@
 #define RPC_METHOD_NOT_FOUND -32601
 #define RPC_INVALID_PARAMS   -32602
 #define RPC_INTERNAL_ERROR   -32603
-/* The largest reply line: the Prometheus text with JSON escaping. */
-#define ADMIN_REPLY_MAX (2 * KVP_STATS_TEXT_MAX)
 
 /* Application errors (JSON-RPC reserves -32000..-32099 for servers). */
 #define RPC_REFUSED -32001 /* a well-formed request the node will not carry out */
@@ -165,7 +163,39 @@ void kvp_client_gone(struct kvp_node *n, struct kvp_chan *ch);
 void kvp_client_broken(struct kvp_node *n, struct kvp_chan *ch, const char *why);
 void kvp_client_timers(struct kvp_node *n, uint64_t now);
 
+/* peer_table.c: the peer slots (see the file's head for their life) */
+int peer_table_init(struct kvp_node *n, char *err, size_t errlen);
+void peer_table_fini(struct kvp_node *n);
+/** Slot @p slot is taken (active or draining). */
+bool peer_live(const struct kvp_node *n, uint32_t slot);
+/** The handle clients name slot @p slot by now. */
+uint16_t peer_handle(const struct kvp_node *n, uint32_t slot);
+/** Its node id, or "host:port" while that is not known. */
+const char *peer_label(const struct kvp_node *n, uint32_t slot);
+const char *peer_origin_name(int origin);
+/** The active slot of @p node_id (with @p draining, a draining one too), or -1. */
+int peer_find(const struct kvp_node *n, const char *node_id, bool draining);
+/** The active slot dialled at @p host : @p port, or -1. */
+int peer_find_addr(const struct kvp_node *n, const char *host, uint16_t port);
+/**
+ * Take a slot for a peer and open it on the workers. @p node_id "" : learned
+ * from its handshake (on demand); @p host "" : no address (inbound).
+ * @return the slot; -EINVAL (bad or own id or address), -EEXIST (the id or
+ *   address is a peer already), -ENOSPC (table full), -ENOBUFS (workers
+ *   unreachable); @p why says it in words
+ */
+int peer_add(struct kvp_node *n, int origin, const char *node_id, const char *host, uint16_t port,
+	     char *why, size_t whylen);
+/** Drain and free an active slot (see the file's head). @return 0, -ENOENT */
+int peer_remove(struct kvp_node *n, uint32_t slot, const char *why);
+/** Why transfers to @p slot fail while it has no link (enum kvp_peer_why): told to the workers. */
+void peer_set_why(struct kvp_node *n, uint32_t slot, uint8_t why);
+/** The node id its handshake told (on demand): kept and told to the workers. */
+void peer_set_node_id(struct kvp_node *n, uint32_t slot, const char *node_id);
+
 /* peer.c */
+/** Links kept to each peer and accepted from each: workers x tcp.connections. */
+unsigned peer_node_links(const struct kvp_node *n);
 int peer_init(struct kvp_node *n, char *err, size_t errlen);
 int kvp_peer_listen(struct kvp_node *n, char *err, size_t errlen);
 void kvp_peer_accept(struct kvp_node *n);
@@ -192,8 +222,15 @@ void kvp_admin_close_all(struct kvp_node *n);
 /** Admin connections open now. */
 unsigned kvp_admin_open(const struct kvp_node *n);
 
+/* peer_admin.c: peers, peer_add, peer_remove */
+void peer_admin_init(struct kvp_node *n);
+/* reload.c: config_reload (and kvp_node_reload()) */
+void reload_init(struct kvp_node *n);
+
 /* Each registers its admin methods. */
 void admin_methods_init(struct kvp_node *n);
+/** What a runtime change of @p key must also do besides storing the value (admin.c). */
+void admin_config_applied(struct kvp_node *n, const char *key);
 void rails_init(struct kvp_node *n);
 void doctor_init(struct kvp_node *n);
 void stats_init(struct kvp_node *n);

@@ -181,22 +181,25 @@ doctor_json(struct kvp_node *n)
 	}
 	json_array_append_new(nets, netdev_json("listen", addr, rc == -ENOENT ? "any" : ifname,
 						rc == -ENOENT ? 0 : rc, &d));
-	for (uint16_t p = 0; p < n->cfg.npeers; p++) {
-		const struct kvp_peer_conf *pc = &n->cfg.peers[p];
+	for (uint32_t p = 0; p < n->cfg.max_peers; p++) {
+		const struct kvp_peer *pc = &n->peers[p];
 
+		/* The peers this node dials (an inbound one has no address). */
+		if (pc->slot_state != KVP_PS_ACTIVE || !pc->host[0])
+			continue;
 		memset(&d, 0, sizeof(d));
 		d.numa_node = -1;
-		snprintf(addr, sizeof(addr), "%s:%u", pc->host, pc->port);
+		snprintf(addr, sizeof(addr), "%s", pc->addr);
 		rc = kvp_topo_route_iface(pc->host, pc->port, ifname, sizeof(ifname));
 		if (rc == 0) {
 			kvp_topo_netdev(ifname, &d);
-			snprintf(what, sizeof(what), "route to %s (%s)", pc->node_id, ifname);
+			snprintf(what, sizeof(what), "route to %s (%s)", peer_label(n, p), ifname);
 			placement(n, checks, what, &d);
 		} else {
-			snprintf(what, sizeof(what), "route to %s", pc->node_id);
+			snprintf(what, sizeof(what), "route to %s", peer_label(n, p));
 			check(checks, false, what, "%s: no route found (%s)", addr, strerror(-rc));
 		}
-		json_array_append_new(nets, netdev_json(pc->node_id, addr, ifname, rc, &d));
+		json_array_append_new(nets, netdev_json(peer_label(n, p), addr, ifname, rc, &d));
 	}
 	for (unsigned w = 0; w < n->nworkers; w++) {
 		unsigned lc = n->workers[w].lcore;

@@ -100,11 +100,41 @@ enum kvp_peer_link {
 	KVP_LINK_UP,	     /**< handed to a worker */
 };
 
+/** Where a peer came from ("origin" in kvproxyctl peers). */
+enum kvp_peer_origin {
+	KVP_PEER_CONFIG = 1, /**< the configuration file, at start or on reload */
+	KVP_PEER_ADMIN,	     /**< peer_add */
+	KVP_PEER_ON_DEMAND,  /**< a client named it by address (kvp_peer_lookup "host:port") */
+	KVP_PEER_INBOUND,    /**< it connected to this node (accept_unknown_peers) */
+};
+
+/** A peer slot's life (peer_table.c). */
+enum kvp_peer_slot_state {
+	KVP_PS_FREE = 0,
+	KVP_PS_ACTIVE,
+	KVP_PS_DRAINING, /**< removed: new transfers refused, those in flight end, links close */
+};
+
 /**
- * Control-plane state of one configured peer. Its links are dialled one at
- * a time, lowest missing first; the out_* dial state is the current one's.
+ * Control-plane state of one peer slot (limits.max_peers of them). Its links
+ * are dialled one at a time, lowest missing first; the out_* dial state is
+ * the current one's. A peer without an address (inbound) is never dialled.
  */
 struct kvp_peer {
+	uint8_t slot_state; /**< enum kvp_peer_slot_state */
+	uint8_t origin;	    /**< enum kvp_peer_origin */
+	uint8_t gen;	    /**< the slot's generation: part of the handle clients hold */
+	uint8_t why;	    /**< enum kvp_peer_why as the workers were last told */
+	uint16_t closing;   /**< DRAINING: workers that have not closed it yet */
+	uint64_t close_unsent; /**< DRAINING: workers (bits) the close message could not reach yet */
+	char node_id[KVP_NODE_ID_MAX]; /**< "" until its handshake told it (on demand) */
+	char host[64];		       /**< "" : no address (inbound) */
+	uint16_t port;
+	char addr[72];		  /**< "host:port", or "" */
+	uint64_t added_ns;
+	uint64_t first_up_ns;	  /**< its first outgoing link came up (0: not yet) */
+	uint64_t idle_since_ns;	  /**< without any link since then (0: linked); forgetting */
+	char removed_why[96];	  /**< DRAINING: why it was removed */
 	int out_state; /**< enum kvp_peer_link, the dial in progress */
 	int out_fd;
 	struct kvp_watch out_watch;
@@ -130,7 +160,10 @@ struct kvp_peer {
 struct kvp_pending_conn {
 	int fd;
 	struct kvp_watch watch;
-	int peer;      /**< -1 until the HELLO named a configured peer */
+	int peer;      /**< -1 until the HELLO named a peer in the table (or a new one) */
+	uint8_t gen;   /**< the slot's generation when the HELLO named it */
+	bool unknown;  /**< a node not in the table: it gets an inbound slot once authenticated */
+	char node_id[KVP_NODE_ID_MAX]; /**< who the HELLO says it is */
 	uint8_t link;
 	bool auth;     /**< HELLO answered; waiting for the peer's proof */
 	uint64_t epoch;
@@ -246,6 +279,7 @@ struct kvp_node_env {
 	int (*rail_pause)(unsigned rail, bool pause);
 	/** RDMA memory registrations so far (NULL without RDMA). */
 	const struct kvp_mr_stats *mr_stats;
+	const char *config_path; /**< the file the configuration came from (reload), or NULL */
 	int cuda_driver; /**< CUDA driver version, 0 if none */
 	int ngpus;	 /**< GPUs found, or -errno */
 	struct kvp_gpu_info gpus[KVP_GPUS_MAX];
@@ -262,7 +296,7 @@ struct kvp_node {
 	int admin_lfd;
 	int peer_lfd;
 	struct kvp_watch client_lw, admin_lw, peer_lw; /**< the listeners */
-	struct kvp_timer reap_timer, client_timer, admin_timer, peer_timer, stats_timer;
+	struct kvp_timer reap_timer, client_timer, admin_timer, peer_timer, peer_table_timer, stats_timer;
 	int lock_fd;
 	struct kvp_region_table regions;
 	const struct kvp_transport_ops *tops;
@@ -274,7 +308,10 @@ struct kvp_node {
 	uint32_t worker_clients[KVP_WORKERS_MAX]; /**< clients each worker owns */
 	struct kvp_client_conn *clients;
 	uint32_t nclients;
-	struct kvp_peer peers[KVP_PEERS_MAX];
+	struct kvp_peer *peers;	 /**< cfg.max_peers slots (peer_table.c) */
+	uint32_t npeers;	 /**< slots not free */
+	uint64_t peers_refused_full; /**< peers refused: every slot was taken */
+	uint64_t peers_forgotten;    /**< on-demand and inbound peers removed after timeouts.peer_forget_ms */
 	struct kvp_pending_conn pending[KVP_PENDING_MAX];
 	struct kvp_admin_conn admin[KVP_ADMIN_CONNS];
 	struct kvp_admin_stats admin_stats;
@@ -303,12 +340,18 @@ struct kvp_node {
 	uint64_t next_stats_ns;	 /**< next periodic write of cfg.stats_file */
 	uint64_t stats_writes;	 /**< stats files written */
 	uint64_t stats_write_errors;
-	char *stats_buf;	 /**< KVP_STATS_TEXT_MAX bytes, allocated at start */
+	char *stats_buf;	 /**< stats_len bytes, allocated at start */
+	size_t stats_len;	 /**< kvp_stats_text_max() of the configuration */
+	char *admin_reply;	 /**< a reply line being built (2 * stats_len: JSON escaping) */
+	size_t admin_reply_len;
 	struct kvp_node_env env; /**< what the application chose and found at start */
 };
 
-/** Size of the Prometheus text buffer (stats file, admin "stats" with format prometheus). */
-#define KVP_STATS_TEXT_MAX (4u << 20)
+/**
+ * Size of the Prometheus text buffer (stats file, admin "stats" with format
+ * prometheus): room for every peer slot's series and histograms.
+ */
+size_t kvp_stats_text_max(const struct kvp_config *cfg);
 
 /**
  * Build the node: sockets, region table, message pool, workers and their
@@ -343,6 +386,19 @@ int kvp_node_fd_limit(const struct kvp_config *cfg, unsigned nworkers, bool rais
 
 /** Run the control plane for up to @p timeout_ms (one round of the event loop, timers). */
 void kvp_node_poll(struct kvp_node *n, int timeout_ms);
+
+/**
+ * Re-read the configuration file (env.config_path; SIGHUP, admin
+ * config_reload): peers added to its list connect, peers removed from it
+ * drain, runtime keys take their new values, and keys that cannot change
+ * at run time are reported and left alone. A file that does not load
+ * changes nothing. What was done is logged. Main lcore.
+ *
+ * @param err  receives the reason on failure
+ * @return 0; -ENOENT (no file to reload, or it cannot be read); -EINVAL
+ *   (the file does not load: err reads "FILE:LINE: message")
+ */
+int kvp_node_reload(struct kvp_node *n, char *err, size_t errlen);
 
 /** Ask every worker to stop (their loops return). */
 void kvp_node_stop_workers(struct kvp_node *n);

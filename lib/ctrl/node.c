@@ -41,7 +41,8 @@ kvp_node_fd_need(const struct kvp_config *cfg, unsigned nworkers)
 {
 	uint64_t per_peer = 2ull * cfg->tcp_conns * (nworkers ? nworkers : 1) + 1;
 
-	return FD_RESERVE + (uint64_t)FD_PER_CLIENT * cfg->max_clients + per_peer * cfg->npeers +
+	/* Every slot may hold a peer: those that join at run time need their files too. */
+	return FD_RESERVE + (uint64_t)FD_PER_CLIENT * cfg->max_clients + per_peer * cfg->max_peers +
 	       KVP_ADMIN_CONNS + KVP_PENDING_MAX;
 }
 
@@ -81,12 +82,12 @@ kvp_node_fd_limit(const struct kvp_config *cfg, unsigned nworkers, bool raise, c
 	uint64_t fit = rl.rlim_cur > other ? ((uint64_t)rl.rlim_cur - other) / FD_PER_CLIENT : 0;
 
 	snprintf(msg, msglen,
-		 "limits.max_clients = %u with %u peer(s) needs up to %" PRIu64 " open files (%d "
+		 "limits.max_clients = %u with limits.max_peers = %u needs up to %" PRIu64 " open files (%d "
 		 "per client, %u per peer, %u for the rest) but RLIMIT_NOFILE is %" PRIu64
 		 " (hard limit %" PRIu64 "): raise the limit (ulimit -n, LimitNOFILE= in the "
 		 "systemd unit) or lower limits.max_clients to %" PRIu64 " or less",
-		 cfg->max_clients, cfg->npeers, need, FD_PER_CLIENT, (unsigned)per_peer,
-		 (unsigned)(other - per_peer * cfg->npeers),
+		 cfg->max_clients, cfg->max_peers, need, FD_PER_CLIENT, (unsigned)per_peer,
+		 (unsigned)(other - per_peer * cfg->max_peers),
 		 (uint64_t)rl.rlim_cur, (uint64_t)rl.rlim_max, fit);
 	return -EMFILE;
 }
@@ -244,10 +245,6 @@ kvp_node_init(struct kvp_node *n, const struct kvp_config *cfg,
 		n->admin[i].fd = -1;
 	for (unsigned i = 0; i < KVP_PENDING_MAX; i++)
 		n->pending[i].fd = -1;
-	for (unsigned i = 0; i < KVP_PEERS_MAX; i++) {
-		n->peers[i].out_fd = -1;
-		n->peers[i].links = (uint8_t)(cfg->tcp_conns * nworkers);
-	}
 
 	rc = kvp_region_table_init(&n->regions, cfg->max_regions);
 	if (rc < 0) {
@@ -256,7 +253,8 @@ kvp_node_init(struct kvp_node *n, const struct kvp_config *cfg,
 	}
 	n->clients = calloc(cfg->max_clients, sizeof(*n->clients));
 	/* The Prometheus text is rendered into one buffer for the file and the admin socket. */
-	n->stats_buf = malloc(KVP_STATS_TEXT_MAX);
+	n->stats_len = kvp_stats_text_max(cfg);
+	n->stats_buf = malloc(n->stats_len);
 	if (!n->stats_buf) {
 		rc = -ENOMEM;
 		snprintf(err, errlen, "out of memory");
@@ -375,12 +373,17 @@ kvp_node_init(struct kvp_node *n, const struct kvp_config *cfg,
 		goto err;
 	}
 	admin_methods_init(n);
+	peer_admin_init(n);
+	reload_init(n);
 	rails_init(n);
 	doctor_init(n);
 	stats_init(n);
 	stats_file_init(n);
 	loop_every(n, &n->reap_timer, REAP_PERIOD_NS, reap);
-	rc = peer_init(n, err, errlen);
+	/* The table before the listener: a peer that connects at once finds its slot. */
+	rc = peer_table_init(n, err, errlen);
+	if (rc == 0)
+		rc = peer_init(n, err, errlen);
 	if (rc < 0)
 		goto err;
 	return 0;
@@ -449,10 +452,13 @@ kvp_node_fini(struct kvp_node *n)
 	rte_mempool_free(n->msg_pool);
 	free(n->stats_buf);
 	n->stats_buf = NULL;
+	free(n->admin_reply);
+	n->admin_reply = NULL;
 	free(n->clients);
 	n->clients = NULL;
 	free(n->reg_jobs);
 	n->reg_jobs = NULL;
+	peer_table_fini(n);
 	if (n->regions.slots)
 		kvp_region_table_fini(&n->regions);
 }

@@ -50,7 +50,10 @@ instance(const struct kvp_node *n, enum scope sc, unsigned *i)
 {
 	switch (sc) {
 	case SC_PEER:
-		return *i < n->cfg.npeers;
+		/* The slots in use: a free one has no series (its rows are zero). */
+		while (*i < n->cfg.max_peers && !peer_live(n, *i))
+			(*i)++;
+		return *i < n->cfg.max_peers;
 	case SC_WORKER:
 		return *i < n->nworkers;
 	case SC_RAIL:
@@ -92,8 +95,9 @@ row_value(const struct kvp_node *n, const struct stat_row *r, unsigned i, size_t
 		return ld(&n->workers[i].stats, off);
 	case SS_PEERS:
 		for (unsigned w = 0; w < n->nworkers; w++)
-			for (uint16_t p = 0; p < n->cfg.npeers; p++)
-				v += ld(&n->workers[w].stats.peer[p], off);
+			for (uint32_t p = 0; p < n->cfg.max_peers; p++)
+				if (peer_live(n, p))
+					v += ld(&n->workers[w].stats.peer[p], off);
 		return v;
 	case SS_PEER_STATS:
 		for (unsigned w = 0; w < n->nworkers; w++)
@@ -306,11 +310,12 @@ scope_labels(const struct kvp_node *n, const struct stat_row *r, unsigned i, cha
 	out[0] = '\0';
 	switch (sect_scope(r->sect)) {
 	case SC_PEER:
+		/* By node id (its address until the handshake told it): a reused slot is another peer. */
 		if (r->flags & SF_SHORT)
-			snprintf(out, len, ",peer=\"%s\"", n->cfg.peers[i].node_id);
+			snprintf(out, len, ",peer=\"%s\"", peer_label(n, i));
 		else
-			snprintf(out, len, ",peer=\"%s\",transport=\"%s\"",
-				 n->cfg.peers[i].node_id, n->tops->name);
+			snprintf(out, len, ",peer=\"%s\",transport=\"%s\"", peer_label(n, i),
+				 n->tops->name);
 		break;
 	case SC_WORKER:
 		snprintf(out, len, ",lcore=\"%u\"", n->workers[i].lcore);
@@ -374,15 +379,15 @@ row_prom(struct pbuf *b, const struct kvp_node *n, const struct stat_row *r)
 
 /* One histogram series: buckets at the power-of-two bounds, cumulative, then sum and count. */
 static void
-hist_prom(struct pbuf *b, const struct kvp_node *n, const char *name, uint16_t peer, int ph)
+hist_prom(struct pbuf *b, const struct kvp_node *n, const char *name, uint16_t peer, int ph,
+	  const struct kvp_hist *hp)
 {
-	struct kvp_hist h;
+	const struct kvp_hist h = *hp;
 	uint64_t cum = 0;
 	char labels[160];
 
-	stats_hist_of(n, peer, ph, &h);
 	snprintf(labels, sizeof(labels), "node=\"%s\",peer=\"%s\",transport=\"%s\",phase=\"%s\"",
-		 n->cfg.node_id, n->cfg.peers[peer].node_id, n->tops->name, kvp_hphase_name(ph));
+		 n->cfg.node_id, peer_label(n, peer), n->tops->name, kvp_hphase_name(ph));
 	for (unsigned i = 0; i < KVP_HIST_BUCKETS - 1; i++) {
 		uint64_t up = kvp_hist_upper(i);
 
@@ -395,6 +400,30 @@ hist_prom(struct pbuf *b, const struct kvp_node *n, const char *name, uint16_t p
 	pb(b, "%s_bucket{%s,le=\"+Inf\"} %" PRIu64 "\n", name, labels, cum);
 	pb(b, "%s_sum{%s} %.9f\n", name, labels, (double)h.sum_ns / 1e9);
 	pb(b, "%s_count{%s} %" PRIu64 "\n", name, labels, cum);
+}
+
+/*
+ * The histograms of phases [from, to) of every peer that has observations in
+ * them: an idle peer (dozens may be) costs no series, and a new one's appear
+ * with its first transfer.
+ */
+static void
+hists_prom(struct pbuf *b, const struct kvp_node *n, const char *name, int from, int to)
+{
+	struct kvp_hist h[KVP_HP_MAX];
+
+	for (uint32_t p = 0; p < n->cfg.max_peers; p++) {
+		uint64_t seen = 0;
+
+		if (!peer_live(n, p))
+			continue;
+		for (int ph = from; ph < to; ph++) {
+			stats_hist_of(n, (uint16_t)p, ph, &h[ph]);
+			seen += kvp_hist_count(&h[ph]);
+		}
+		for (int ph = from; ph < to && seen; ph++)
+			hist_prom(b, n, name, (uint16_t)p, ph, &h[ph]);
+	}
 }
 
 size_t
@@ -418,17 +447,20 @@ kvp_stats_prometheus(const struct kvp_node *n, char *out, size_t outlen)
 	head(&b, "kvproxy_send_phase_seconds", "histogram",
 	     "Phases of successful transfers sent to the peer: queue, admit, first_byte, send, "
 	     "wire, deliver add up to total.");
-	for (uint16_t p = 0; p < n->cfg.npeers; p++)
-		for (int ph = 0; ph < KVP_HP_TX_MAX; ph++)
-			hist_prom(&b, n, "kvproxy_send_phase_seconds", p, ph);
+	hists_prom(&b, n, "kvproxy_send_phase_seconds", 0, KVP_HP_TX_MAX);
 	head(&b, "kvproxy_receive_phase_seconds", "histogram",
 	     "Phases of transfers received from the peer: receive (first byte to last byte "
 	     "landed), deliver (landed to notice posted).");
-	for (uint16_t p = 0; p < n->cfg.npeers; p++)
-		for (int ph = KVP_HP_TX_MAX; ph < KVP_HP_MAX; ph++)
-			hist_prom(&b, n, "kvproxy_receive_phase_seconds", p, ph);
+	hists_prom(&b, n, "kvproxy_receive_phase_seconds", KVP_HP_TX_MAX, KVP_HP_MAX);
 	out[b.len] = '\0';
 	return b.len;
+}
+
+size_t
+kvp_stats_text_max(const struct kvp_config *cfg)
+{
+	/* The node's series, then ~48 KiB per peer slot (its series and both histogram families). */
+	return (1u << 20) + (size_t)cfg->max_peers * (48u << 10);
 }
 
 /* ---- the methods ---- */
@@ -449,7 +481,7 @@ m_stats(struct kvp_node *n, json_t *params, struct rpc_err *e)
 	if (params && json_unpack(params, "{s?:s !}", "format", &fmt) < 0)
 		return admin_fail(e, RPC_INVALID_PARAMS, "params: {\"format\": \"json\"|\"prometheus\"}");
 	if (strcmp(fmt, "prometheus") == 0) {
-		kvp_stats_prometheus(n, n->stats_buf, KVP_STATS_TEXT_MAX);
+		kvp_stats_prometheus(n, n->stats_buf, n->stats_len);
 		return json_pack("{s:s}", "text", n->stats_buf);
 	}
 	if (strcmp(fmt, "json") != 0)

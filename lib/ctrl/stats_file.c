@@ -46,7 +46,7 @@ kvp_stats_write_file(struct kvp_node *n)
 
 	if (path[0] == '\0')
 		return -ENOENT;
-	len = kvp_stats_prometheus(n, n->stats_buf, KVP_STATS_TEXT_MAX);
+	len = kvp_stats_prometheus(n, n->stats_buf, n->stats_len);
 	/*
 	 * Same directory, then rename: a collector never reads half a file, and
 	 * rename() replaces whatever is at the name (a planted symlink

@@ -64,8 +64,8 @@ peers_up(const struct kvp_node *n, unsigned i)
 	unsigned up = 0;
 
 	(void)i;
-	for (uint16_t p = 0; p < n->cfg.npeers; p++)
-		up += n->peers[p].out_up != 0;
+	for (uint32_t p = 0; p < n->cfg.max_peers; p++)
+		up += n->peers[p].slot_state == KVP_PS_ACTIVE && n->peers[p].out_up != 0;
 	return up;
 }
 
@@ -160,8 +160,9 @@ worker_links(const struct kvp_node *n, unsigned i)
 {
 	uint64_t sum = 0;
 
-	for (uint16_t p = 0; p < n->cfg.npeers; p++)
-		sum += __atomic_load_n(&n->workers[i].peer_links[p], __ATOMIC_RELAXED);
+	/* Every slot: a free one holds none. */
+	for (uint32_t p = 0; p < n->workers[i].npeers; p++)
+		sum += __atomic_load_n(&n->workers[i].peers[p].links, __ATOMIC_RELAXED);
 	return sum;
 }
 
@@ -170,7 +171,8 @@ worker_peer_sum(const struct kvp_node *n, unsigned i, size_t off)
 {
 	uint64_t sum = 0;
 
-	for (uint16_t p = 0; p < n->cfg.npeers; p++)
+	/* Every slot: a closed peer's rows were zeroed (a removed peer's bytes leave the sum). */
+	for (uint32_t p = 0; p < n->workers[i].npeers; p++)
 		sum += __atomic_load_n((const uint64_t *)((const char *)&n->workers[i].stats.peer[p] +
 							   off),
 				       __ATOMIC_RELAXED);
@@ -243,8 +245,9 @@ node_id(const struct kvp_node *n, unsigned i)
 static json_t *
 peer_ident(const struct kvp_node *n, unsigned i)
 {
-	return json_pack("{s:s, s:i, s:s}", "node_id", n->cfg.peers[i].node_id, "index", (int)i,
-			 "state", kvp_peer_state_name(n, (uint16_t)i));
+	return json_pack("{s:s, s:i, s:s, s:s}", "node_id", peer_label(n, i), "index",
+			 (int)peer_handle(n, i), "state", kvp_peer_state_name(n, (uint16_t)i),
+			 "origin", peer_origin_name(n->peers[i].origin));
 }
 
 static json_t *
@@ -348,7 +351,9 @@ latency_json(const struct kvp_node *n, unsigned i)
 	struct kvp_hist h;
 
 	(void)i;
-	for (uint16_t p = 0; p < n->cfg.npeers; p++) {
+	for (uint16_t p = 0; p < n->cfg.max_peers; p++) {
+		if (!peer_live(n, p))
+			continue;
 		for (int ph = 0; ph < KVP_HP_MAX; ph++) {
 			stats_hist_of(n, p, ph, &h);
 			uint64_t cnt = kvp_hist_count(&h);
@@ -358,7 +363,7 @@ latency_json(const struct kvp_node *n, unsigned i)
 			json_array_append_new(
 				arr,
 				json_pack("{s:s, s:s, s:s, s:I, s:f, s:f, s:f, s:f}", "peer",
-					  n->cfg.peers[p].node_id, "direction",
+					  peer_label(n, p), "direction",
 					  ph < KVP_HP_TX_MAX ? "send" : "receive", "phase",
 					  kvp_hphase_name(ph), "count", (json_int_t)cnt, "mean_us",
 					  (double)h.sum_ns / (double)cnt / 1e3, "p50_us",
@@ -401,7 +406,10 @@ const struct stat_row stat_rows[] = {
 	  .help = "Region registrations under way (mapping, GPU import, RDMA registration run on "
 		  "helper threads, off the control loop)." },
 	{ "status", "inflight", REF("totals") },
-	{ "status", "peers", "kvproxy_peers", N(cfg.npeers), G, .help = "Configured peers." },
+	{ "status", "peers", "kvproxy_peers", N(npeers), G,
+	  .help = "Peers in the table (configured, added, on demand, inbound; draining ones too)." },
+	{ "status", "max_peers", "kvproxy_peers_max", N(cfg.max_peers), G,
+	  .help = "Peer slots (limits.max_peers)." },
 	{ "status", "peers_up", FN(peers_up), .derived = "the count of kvproxy_peer_up at 1" },
 	{ "status", "draining", "kvproxy_draining", N(draining), G, .unit = SU_BOOL,
 	  .help = "1 while the node refuses new submissions (drain)." },
@@ -451,6 +459,10 @@ const struct stat_row stat_rows[] = {
 	  .help = "Peer handshakes refused or failed." },
 	{ "totals", "auth_failures", "kvproxy_auth_failures_total", N(auth_failures),
 	  .help = "Peers refused for failed authentication." },
+	{ "totals", "peers_refused_full", "kvproxy_peers_refused_full_total", N(peers_refused_full),
+	  .help = "Peers not taken (added, named by address, connecting): every slot was in use." },
+	{ "totals", "peers_forgotten", "kvproxy_peers_forgotten_total", N(peers_forgotten),
+	  .help = "On-demand and inbound peers removed after timeouts.peer_forget_ms without a link." },
 	{ "totals", "inflight_hwm", "kvproxy_transfers_inflight_high_water", W(inflight_hwm), G,
 	  .help = "Most transfer slots in use at once." },
 	{ "totals", "inflight_max", "kvproxy_transfers_inflight_max", FN(inflight_max), G,
@@ -555,9 +567,10 @@ const struct stat_row stat_rows[] = {
 	{ "workers", "xfers_landed", "kvproxy_worker_transfers_landed_total", W1(xfers_landed),
 	  .help = "Transfers landed through the worker's links." },
 	{ "workers", "tx_bytes", "kvproxy_worker_tx_bytes_total", FN(worker_tx_bytes),
-	  .help = "Payload bytes the worker sent, over all peers." },
+	  .help = "Payload bytes the worker sent, over all peers (a removed peer's leave the sum)." },
 	{ "workers", "rx_bytes", "kvproxy_worker_rx_bytes_total", FN(worker_rx_bytes),
-	  .help = "Payload bytes received through the worker's links, over all peers." },
+	  .help = "Payload bytes received through the worker's links, over all peers (a removed "
+		  "peer's leave the sum)." },
 	{ "workers", "landings_forwarded", "kvproxy_worker_landings_forwarded_total", W1(xlanded),
 	  .help = "Landing notices the worker handed to the worker owning the client." },
 	{ "workers", "messages_lost", "kvproxy_worker_messages_lost_total", W1(xmsg_lost),

@@ -155,7 +155,7 @@ rdma_create(struct kvp_worker *w, unsigned idx, void **tctx)
 	c->epfd = c->evfd = -1;
 	c->w = w;
 	c->idx = (uint8_t)idx;
-	c->npeers = cfg->npeers;
+	c->npeers = cfg->max_peers; /* every peer slot: one that joins at run time finds its QP slots */
 	c->nslots = gdr.nrails * cfg->rdma_qps_per_rail;
 	c->gmask = kvp_pow2_ceil(cfg->max_inflight) - 1;
 	c->sq_depth = cfg->rdma_sq_depth;

@@ -201,7 +201,8 @@ struct kvp_cqe {
 	uint64_t bytes;	  /**< payload bytes moved */
 	uint64_t dst_key; /**< LANDED: destination region of the first segment */
 	uint32_t nseg;
-	uint16_t detail; /**< DONE with KVP_EINVAL: enum kvp_invalid, what was wrong */
+	uint16_t detail; /**< DONE with KVP_EINVAL: enum kvp_invalid, what was wrong; with
+			      KVP_EPEER or KVP_ENOPEER: enum kvp_peer_why (0: not said) */
 	uint16_t rsvd1;
 	uint64_t phase_ns[KVP_PH_MAX];
 	uint32_t bad_seg; /**< DONE with KVP_EINVAL: index of the segment at fault */
@@ -220,6 +221,22 @@ enum kvp_invalid {
 	KVP_INVAL_SRC,	  /**< unknown source region, or not this client's */
 	KVP_INVAL_NSEG,	  /**< more segments than limits.max_segments */
 	KVP_INVAL_MAX
+};
+
+/**
+ * Why a transfer failed with KVP_EPEER or KVP_ENOPEER (struct kvp_cqe.detail),
+ * where the daemon knew it when it refused the transfer.
+ */
+enum kvp_peer_why {
+	KVP_PEER_WHY_NONE = 0,
+	KVP_PEER_WHY_UNKNOWN,	/**< no-peer: no peer has this index (never had, or not any more) */
+	KVP_PEER_WHY_REMOVED,	/**< no-peer: the peer is being removed (peer_remove, reload, replaced) */
+	KVP_PEER_WHY_DOWN,	/**< peer: its links are down (lost; being redialled) */
+	KVP_PEER_WHY_CONNECT,	/**< peer: no connection within timeouts.connect_ms (refused, unreachable) */
+	KVP_PEER_WHY_HANDSHAKE, /**< peer: connected, but the handshake was refused (node id, limits) */
+	KVP_PEER_WHY_AUTH,	/**< peer: authentication failed (secrets differ) */
+	KVP_PEER_WHY_NO_ADDR,	/**< peer: it connected to this node; there is no address to dial it */
+	KVP_PEER_WHY_MAX
 };
 
 static_assert(sizeof(struct kvp_cqe) == KVP_CQE_SIZE, "CQE ABI");
@@ -532,8 +549,13 @@ enum kvp_ctrl_op {
 	KVP_CTRL_HELLO = 1,	 /**< -> channel fd, SQ doorbell fd, CQ notify fd */
 	KVP_CTRL_REG = 2,	 /**< fd attached: map it as a region -> key */
 	KVP_CTRL_DEREG = 3,	 /**< key -> status */
-	KVP_CTRL_PEER_LOOKUP = 4 /**< node id -> peer index */
+	KVP_CTRL_PEER_LOOKUP = 4, /**< node id -> peer index */
+	KVP_CTRL_PEER_ADDR = 5,	  /**< "host:port" -> peer index; dialled on demand (kvp_peer_lookup) */
+	KVP_CTRL_NODE_ADDR = 6,	  /**< -> this node's listen address (kvp_listen_addr) */
 };
+
+/** Longest "host:port" of KVP_CTRL_PEER_ADDR and KVP_CTRL_NODE_ADDR, NUL included. */
+#define KVP_ADDR_MAX 80
 
 enum kvp_region_flags {
 	KVP_REGION_HOST = 0x1, /**< host memory behind a shareable fd (memfd, shm, hugetlbfs) */
@@ -566,6 +588,9 @@ struct kvp_ctrl_req {
 		struct {
 			char node_id[KVP_NODE_ID_MAX];
 		} peer;
+		struct {
+			char addr[KVP_ADDR_MAX]; /**< "host:port" of the peer's listener */
+		} peer_addr;
 		uint8_t raw[KVP_CTRL_MSGLEN - 16];
 	} u;
 };
@@ -588,7 +613,13 @@ struct kvp_ctrl_rep {
 		} reg;
 		struct {
 			uint16_t peer;
+			uint8_t rsvd[6];
+			/** PEER_ADDR: the node id learned from its handshake, "" while not yet known */
+			char node_id[KVP_NODE_ID_MAX];
 		} peer;
+		struct {
+			char addr[KVP_ADDR_MAX]; /**< "host:port" peers reach this node at */
+		} node_addr;
 		uint8_t raw[KVP_CTRL_MSGLEN - 16 - KVP_ERRMSG_MAX];
 	} u;
 	char errmsg[KVP_ERRMSG_MAX]; /**< NUL-terminated reason when err != 0 */
@@ -602,6 +633,9 @@ const char *kvp_status_str(int status);
 
 /** What a KVP_EINVAL detail means ("zero length", ...); "" for KVP_INVAL_NONE. */
 const char *kvp_invalid_str(int detail);
+
+/** What a KVP_EPEER / KVP_ENOPEER detail means (enum kvp_peer_why); "" for KVP_PEER_WHY_NONE. */
+const char *kvp_peer_why_str(int detail);
 
 #ifdef __cplusplus
 }

@@ -142,3 +142,22 @@ kvp_invalid_str(int detail)
 		return "unknown";
 	return invalid_names[detail];
 }
+
+static const char *const peer_why_names[KVP_PEER_WHY_MAX] = {
+	[KVP_PEER_WHY_NONE] = "",
+	[KVP_PEER_WHY_UNKNOWN] = "no peer has this index (any more)",
+	[KVP_PEER_WHY_REMOVED] = "the peer is being removed",
+	[KVP_PEER_WHY_DOWN] = "its links are down (reconnecting)",
+	[KVP_PEER_WHY_CONNECT] = "no connection within timeouts.connect_ms (refused or unreachable)",
+	[KVP_PEER_WHY_HANDSHAKE] = "the peer refused the handshake (node id, limits)",
+	[KVP_PEER_WHY_AUTH] = "authentication failed (the shared secrets differ)",
+	[KVP_PEER_WHY_NO_ADDR] = "it connected to this node and there is no address to dial it",
+};
+
+const char *
+kvp_peer_why_str(int detail)
+{
+	if (detail < 0 || detail >= KVP_PEER_WHY_MAX)
+		return "unknown";
+	return peer_why_names[detail];
+}

@@ -6,6 +6,7 @@
 #include <string.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -21,17 +22,13 @@ tcp_destroy(void *tctx)
 
 	if (!t)
 		return;
-	for (uint32_t i = 0; t->conns && i < t->nconns; i++) {
-		struct tcp_conn *c = &t->conns[i];
-
-		if (c->fd >= 0)
-			close(c->fd);
-		rte_free(c->txq);
-		rte_free(c->iov);
-		rte_free(c->rxbuf);
-		rte_free(c->rxt);
-	}
+	for (uint32_t i = 0; t->conns && i < t->nconns; i++)
+		if (t->conns[i].fd >= 0)
+			close(t->conns[i].fd);
 	rte_free(t->conns);
+	rte_free(t->live);
+	if (t->mem)
+		munmap(t->mem, t->mem_len);
 	rte_free(t->q_round);
 	rte_free(t->q_used);
 	rte_free(t->q_blocked);
@@ -42,33 +39,84 @@ tcp_destroy(void *tctx)
 }
 
 /*
- * Register every connection's rxbuf with the ring, once: the reads of
- * headers and small payloads into them then skip per-op page pinning.
- * Refused (e.g. RLIMIT_MEMLOCK): plain recv.
+ * A sparse table of registered buffers, one entry per connection: a
+ * connection's rxbuf is registered when it comes up (its reads of headers
+ * and small payloads then skip per-op page pinning) and dropped when it
+ * closes, so only the buffers of connections up are pinned, whatever
+ * limits.max_peers reserves. Refused (e.g. RLIMIT_MEMLOCK): plain recv.
  */
 static void
 register_fixed(struct tcp_ctx *t)
 {
-	struct iovec *iov = calloc(t->nconns, sizeof(*iov));
-	int rc;
+	int rc = io_uring_register_buffers_sparse(&t->ring, t->nconns);
 
-	if (!iov) {
-		KVP_LOG(WARNING, tcp, "worker %u: no memory to register buffers", t->w->idx);
-		return;
-	}
-	for (uint32_t i = 0; i < t->nconns; i++) {
-		iov[i].iov_base = t->conns[i].rxbuf;
-		iov[i].iov_len = t->conns[i].rx_cap;
-	}
-	rc = io_uring_register_buffers(&t->ring, iov, t->nconns);
-	free(iov);
 	if (rc < 0) {
-		KVP_LOG(WARNING, tcp, "worker %u: io_uring buffer registration refused (%s): plain recv",
+		KVP_LOG(WARNING, tcp, "worker %u: io_uring buffer table refused (%s): plain recv",
 			t->w->idx, strerror(-rc));
 		return;
 	}
 	t->fixed = true;
-	KVP_STAT_SET(t->w->stats.fixed_bufs, t->nconns);
+}
+
+/* Register (or, @p on false, drop) @p c's rxbuf in the ring's buffer table. */
+static void
+conn_fixed(struct tcp_ctx *t, struct tcp_conn *c, bool on)
+{
+	struct iovec iov = { .iov_base = on ? c->rxbuf : NULL, .iov_len = on ? c->rx_cap : 0 };
+	__u64 tag = 0;
+
+	if (!t->fixed || c->fixed == on)
+		return;
+	if (io_uring_register_buffers_update_tag(&t->ring, c->id, &iov, &tag, 1) != 1) {
+		if (on)
+			KVP_LOG_RL(WARNING, tcp, "worker %u: cannot register a receive buffer: plain recv",
+				   t->w->idx);
+		return;
+	}
+	c->fixed = on;
+	KVP_STAT_SET(t->w->stats.fixed_bufs, t->w->stats.fixed_bufs + (on ? 1 : -1));
+}
+
+static size_t
+align_up(size_t v, size_t a)
+{
+	return (v + a - 1) / a * a;
+}
+
+/*
+ * Queues and buffers of every connection limits.max_peers allows, carved
+ * from one anonymous mapping made at start: nothing is allocated when a
+ * peer joins, and pages are only backed once a connection uses them, so an
+ * idle slot costs its address space, not memory.
+ */
+static int
+carve(struct tcp_ctx *t, const struct kvp_config *cfg, uint32_t txq, uint32_t rxt)
+{
+	size_t rx = align_up(cfg->tcp_rx_buffer, 4096);
+	size_t txq_len = align_up(sizeof(struct tx_frame) * txq, 64);
+	size_t iov_len = align_up(sizeof(struct iovec) * t->iov_max, 64);
+	size_t rxt_len = align_up(sizeof(struct rx_entry) * rxt, 64);
+	/* Page-aligned per connection: one that is never used keeps no page. */
+	size_t per = rx + align_up(txq_len + iov_len + rxt_len, 4096);
+	size_t len = (size_t)t->nconns * per;
+	uint8_t *base = mmap(NULL, len, PROT_READ | PROT_WRITE,
+			     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+
+	if (base == MAP_FAILED)
+		return -ENOMEM;
+	t->mem = base;
+	t->mem_len = len;
+	for (uint32_t i = 0; i < t->nconns; i++) {
+		struct tcp_conn *c = &t->conns[i];
+		uint8_t *p = base + (size_t)i * per;
+
+		c->rxbuf = p;
+		c->rx_cap = cfg->tcp_rx_buffer;
+		c->txq = (struct tx_frame *)(p + rx);
+		c->iov = (struct iovec *)(p + rx + txq_len);
+		c->rxt = (struct rx_entry *)(p + rx + txq_len + iov_len);
+	}
+	return 0;
 }
 
 static int
@@ -84,20 +132,26 @@ tcp_create(struct kvp_worker *w, unsigned idx, void **tctx)
 	t->w = w;
 	t->idx = (uint8_t)idx;
 	t->links = cfg->tcp_conns ? cfg->tcp_conns : 1;
-	t->nconns = 2 * (cfg->npeers ? cfg->npeers : 1) * t->links;
+	/* Every peer slot, both directions: a peer that joins at run time finds its connections. */
+	t->nconns = 2 * cfg->max_peers * t->links;
 	t->iov_max = 2 * cfg->tcp_send_iov;
 	t->frame_max = cfg->tcp_frame_max;
 	t->zerocopy = cfg->tcp_zerocopy;
 	t->peer_ns = (uint64_t)cfg->peer_timeout_ms * 1000000;
 	t->conns = rte_zmalloc_socket("kvp_tcp_conns", sizeof(*t->conns) * t->nconns, 64, socket);
-	t->q_round = rte_zmalloc_socket("kvp_tcp_q", sizeof(uint32_t) * cfg->max_clients, 64, socket);
-	t->q_used = rte_zmalloc_socket("kvp_tcp_q", sizeof(uint64_t) * cfg->max_clients, 64, socket);
-	t->q_blocked = rte_zmalloc_socket("kvp_tcp_q", sizeof(uint32_t) * cfg->max_clients, 64,
-					  socket);
-	if (!t->conns || !t->q_round || !t->q_used || !t->q_blocked) {
+	t->live = rte_zmalloc_socket("kvp_tcp_live", sizeof(*t->live) * t->nconns, 64, socket);
+	t->q_round =
+		rte_zmalloc_socket("kvp_tcp_q", sizeof(uint32_t) * cfg->max_clients, 64, socket);
+	t->q_used =
+		rte_zmalloc_socket("kvp_tcp_q", sizeof(uint64_t) * cfg->max_clients, 64, socket);
+	t->q_blocked =
+		rte_zmalloc_socket("kvp_tcp_q", sizeof(uint32_t) * cfg->max_clients, 64, socket);
+	if (!t->conns || !t->live || !t->q_round || !t->q_used || !t->q_blocked) {
 		rc = -ENOMEM;
 		goto err;
 	}
+	for (uint32_t i = 0; i < t->nconns; i++)
+		t->conns[i].fd = -1;
 	rc = stage_init(&t->stage, cfg, socket);
 	if (rc < 0)
 		goto err;
@@ -105,10 +159,12 @@ tcp_create(struct kvp_worker *w, unsigned idx, void **tctx)
 	/* Room too for the peer control channel: a grant or an ACK per transfer (RDMA). */
 	uint32_t txq = kvp_pow2_ceil(cfg->tcp_tx_frames + 2 * cfg->max_inflight);
 	uint32_t rxt = kvp_pow2_ceil(cfg->max_inflight);
+	rc = carve(t, cfg, txq, rxt);
+	if (rc < 0)
+		goto err;
 	for (uint32_t i = 0; i < t->nconns; i++) {
 		struct tcp_conn *c = &t->conns[i];
 
-		c->fd = -1;
 		c->rx_stage = -1;
 		c->id = i;
 		c->peer = (uint16_t)(i / (2 * t->links));
@@ -116,28 +172,23 @@ tcp_create(struct kvp_worker *w, unsigned idx, void **tctx)
 		c->slot = (uint8_t)(i % t->links);
 		c->link = c->slot;
 		c->txq_mask = txq - 1;
-		c->txq = rte_zmalloc_socket("kvp_txq", sizeof(*c->txq) * txq, 64, socket);
-		c->iov = rte_zmalloc_socket("kvp_iov", sizeof(*c->iov) * t->iov_max, 64, socket);
-		c->rx_cap = cfg->tcp_rx_buffer;
-		c->rxbuf = rte_malloc_socket("kvp_rxbuf", c->rx_cap, 64, socket);
 		c->rxt_mask = rxt - 1;
-		c->rxt = rte_zmalloc_socket("kvp_rxt", sizeof(*c->rxt) * rxt, 64, socket);
-		if (!c->txq || !c->iov || !c->rxbuf || !c->rxt) {
-			rc = -ENOMEM;
-			goto err;
-		}
 	}
 	/*
-	 * Each connection has at most one send and one recv in flight.
+	 * Each connection up has at most one send and one recv in flight;
+	 * tcp_sqe() submits and retries if more are ever prepared at once.
 	 * COOP_TASKRUN: a completion that needs this thread's task work
 	 * (every recv that had to wait for data) no longer interrupts it
 	 * with an IPI; a sleeping worker is still woken, and a spinning one
 	 * sees IORING_SQ_TASKRUN (TASKRUN_FLAG) and enters the kernel.
 	 */
-	rc = io_uring_queue_init(kvp_pow2_ceil(2 * t->nconns + 8), &t->ring,
+	uint32_t entries = kvp_pow2_ceil(2 * t->nconns + 8);
+	if (entries > 32768)
+		entries = 32768;
+	rc = io_uring_queue_init(entries, &t->ring,
 				 IORING_SETUP_COOP_TASKRUN | IORING_SETUP_TASKRUN_FLAG);
 	if (rc == -EINVAL) /* kernels before 5.19 */
-		rc = io_uring_queue_init(kvp_pow2_ceil(2 * t->nconns + 8), &t->ring, 0);
+		rc = io_uring_queue_init(entries, &t->ring, 0);
 	if (rc < 0) {
 		t->ring.ring_fd = -1;
 		goto err;
@@ -171,6 +222,8 @@ tcp_attach(void *tctx, uint16_t peer, uint8_t link, int fd, bool outgoing, uint6
 	if (c->state != CONN_FREE)
 		return -EBUSY; /* the old connection is still draining */
 	c->state = CONN_UP;
+	c->live_pos = t->nlive;
+	t->live[t->nlive++] = id;
 	c->link = link;
 	c->fd = fd;
 	c->epoch = epoch;
@@ -188,6 +241,7 @@ tcp_attach(void *tctx, uint16_t peer, uint8_t link, int fd, bool outgoing, uint6
 	c->last_rx_ns = c->last_tx_ns = c->send_ok_ns = kvp_mono_ns();
 	c->retrans_seen = 0;
 	memset(c->rxt, 0, sizeof(*c->rxt) * (c->rxt_mask + 1));
+	conn_fixed(t, c, true);
 	KVP_LOG(INFO, tcp, "worker %u: %s link %u to peer %u up (epoch %016" PRIx64 ")",
 		t->w->idx, outgoing ? "outgoing" : "incoming", link, peer, epoch);
 	/* Each worker's first link of a peer carries its peer control channel. */
@@ -259,7 +313,13 @@ conn_finish_close(struct tcp_ctx *t, struct tcp_conn *c)
 	}
 	close(c->fd);
 	c->fd = -1;
+	conn_fixed(t, c, false);
 	c->state = CONN_FREE;
+	/* Out of the live list: the last one takes its place. */
+	uint32_t last = t->live[--t->nlive];
+
+	t->live[c->live_pos] = last;
+	t->conns[last].live_pos = c->live_pos;
 }
 
 void
@@ -317,8 +377,8 @@ liveness(struct tcp_ctx *t, uint64_t now)
 {
 	char why[96];
 
-	for (uint32_t i = 0; i < t->nconns; i++) {
-		struct tcp_conn *c = &t->conns[i];
+	for (uint32_t i = 0; i < t->nlive; i++) {
+		struct tcp_conn *c = &t->conns[t->live[i]];
 		struct tcp_info ti;
 		socklen_t tl = sizeof(ti);
 
@@ -369,14 +429,17 @@ tcp_progress(void *tctx)
 		tcp_tx_sweep(t, now);
 		stage_tick(&t->stage);
 		if (t->stage_blocked) {
-			for (uint32_t i = 0; i < t->nconns; i++)
-				if (t->conns[i].state == CONN_UP && t->conns[i].outgoing)
-					tcp_tx_admission(t, &t->conns[i], now);
+			for (uint32_t i = 0; i < t->nlive; i++) {
+				struct tcp_conn *c = &t->conns[t->live[i]];
+
+				if (c->state == CONN_UP && c->outgoing)
+					tcp_tx_admission(t, c, now);
+			}
 			t->stage_blocked = false;
 		}
 	}
-	for (uint32_t i = 0; i < t->nconns; i++) {
-		struct tcp_conn *c = &t->conns[i];
+	for (uint32_t i = 0; i < t->nlive; i++) {
+		struct tcp_conn *c = &t->conns[t->live[i]];
 
 		if (c->state != CONN_UP)
 			continue;

@@ -121,7 +121,9 @@ struct tcp_conn {
 	uint8_t link;  /* the link's index between the two nodes (stats, the main lcore) */
 	uint8_t slot;  /* its place among this worker's links of the peer; 0 carries the pchan */
 	bool outgoing;
+	bool fixed;	   /* rxbuf is registered with the ring now (read_fixed) */
 	uint32_t id;
+	uint32_t live_pos; /* index in tcp_ctx.live while not CONN_FREE */
 	uint64_t epoch;
 	uint32_t ops; /* io_uring operations in flight */
 	uint64_t last_rx_ns;   /* any byte received */
@@ -177,15 +179,21 @@ struct tcp_conn {
 struct tcp_ctx {
 	struct kvp_worker *w;
 	struct io_uring ring;
-	/* Per peer: this worker's links outgoing, then incoming (conn_index(), by slot). */
+	/* Per peer slot: this worker's links outgoing, then incoming (conn_index(), by slot). */
 	struct tcp_conn *conns;
 	uint32_t nconns;
+	/* The connections not CONN_FREE, in no order: what the loop walks (few of nconns). */
+	uint32_t *live;
+	uint32_t nlive;
+	/* Every connection's queues and buffers: one reservation, touched only as used. */
+	void *mem;
+	size_t mem_len;
 	uint32_t links; /* slots per peer and direction: tcp.connections */
 	uint32_t rr; /* rotates ties between equally loaded links */
 	uint32_t iov_max;
 	uint32_t frame_max;
 	bool zerocopy;
-	bool fixed;	   /* rxbufs are registered io_uring buffers */
+	bool fixed;	   /* the ring has a (sparse) table of registered buffers, one per connection */
 	uint32_t sqes; /* prepared since the last submit */
 	uint64_t next_tick_ns;
 	struct stage_pool stage;

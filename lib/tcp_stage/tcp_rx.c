@@ -43,7 +43,7 @@ tcp_start_recv(struct tcp_ctx *t, struct tcp_conn *c)
 	 * not, by recv with WAITALL: read_fixed has no WAITALL, and the
 	 * completions of its short reads cost more than pinning saves.
 	 */
-	if (t->fixed && c->rx_state != RX_DIRECT)
+	if (c->fixed && c->rx_state != RX_DIRECT)
 		io_uring_prep_read_fixed(sqe, c->fd, buf, (unsigned)len, 0, c->id);
 	else
 		io_uring_prep_recv(sqe, c->fd, buf, len, c->rx_state == RX_DIRECT ? MSG_WAITALL : 0);
@@ -65,7 +65,7 @@ tcp_start_recv(struct tcp_ctx *t, struct tcp_conn *c)
 		return 1;
 	sqe->flags |= IOSQE_IO_LINK;
 	unsigned nlen = c->rx_cap < RECV_NEXT_LEN ? c->rx_cap : RECV_NEXT_LEN;
-	if (t->fixed)
+	if (c->fixed)
 		io_uring_prep_read_fixed(next, c->fd, c->rxbuf, nlen, 0, c->id);
 	else
 		io_uring_prep_recv(next, c->fd, c->rxbuf, nlen, 0);
@@ -525,8 +525,8 @@ tcp_rx_fence(struct tcp_ctx *t, const struct kvp_fence *f, bool force)
 {
 	uint32_t busy = 0;
 
-	for (uint32_t i = 0; i < t->nconns; i++) {
-		struct tcp_conn *c = &t->conns[i];
+	for (uint32_t i = 0; i < t->nlive; i++) {
+		struct tcp_conn *c = &t->conns[t->live[i]];
 
 		if (c->outgoing || c->state == CONN_FREE || !c->rx_region ||
 		    (c->rx_state != RX_BODY && c->rx_state != RX_DIRECT) ||

@@ -23,7 +23,7 @@ from ._errors import (
     TransferError,
     error_for,
 )
-from ._status import Status, invalid_detail, status_name
+from ._status import Status, invalid_detail, peer_detail, status_name
 
 __all__ = [
     "Client",
@@ -107,7 +107,10 @@ class Completion:
         nseg: segments in the transfer.
         dst_key: ``landed``: the destination region of the first segment (0 on ``done``).
         detail: on a ``done`` with status ``invalid``: what was wrong with
-            the descriptor (the daemon's words), else ``""``.
+            the descriptor; with ``peer`` or ``no-peer``: why the peer could not
+            be had where the daemon knew it (not connected within its
+            ``timeouts.connect_ms``, authentication failed, removed, ...);
+            the daemon's words, else ``""``.
         bad_seg: on a ``done`` with status ``invalid``: the index of the
             segment at fault.
         phases: seconds spent per phase (0 where a phase did not happen). On
@@ -154,7 +157,8 @@ class Completion:
             nseg=e.nseg,
             dst_key=e.dst_key,
             phases={name: e.phase_ns[i] / 1e9 for i, name in enumerate(_PHASES)},
-            detail=invalid_detail(e.detail) if e.status == Status.INVALID else "",
+            detail=(invalid_detail(e.detail) if e.status == Status.INVALID
+                    else peer_detail(e.detail) if e.status in (Status.PEER, Status.NO_PEER) else ""),
             bad_seg=e.bad_seg if e.status == Status.INVALID else 0,
         )
 
@@ -460,16 +464,30 @@ class Client:
                 raise error_for(rc, "deregister", self._reason(ptr), cls=RegionError, detail=f"key {key:#018x}")
 
     def peer(self, node_id: str) -> int:
-        """The peer index of a configured peer node (for :meth:`submit`).
+        """The peer index of a peer node (for :meth:`submit`), by node id or by address.
 
-        :raises PeerNotFound: ``node_id`` is not a peer in the daemon's config.
+        ``node_id`` is a node id of the daemon's peer table (configured,
+        added, or learned), or the ``"host:port"`` a remote kvproxyd listens
+        on (its :meth:`listen_addr`): an address no peer has is dialled on
+        demand, authenticated, and kept as a peer. This returns at once; the
+        first transfer waits for the connection (up to the daemon's
+        ``timeouts.connect_ms``) and fails with ``peer`` and the reason in
+        :attr:`Completion.detail` if it cannot be had. An index stays valid
+        while the peer is in the table: after a ``no-peer`` completion, look
+        it up again (an address finds the node now there).
+
+        :raises PeerNotFound: ``node_id`` is not a peer of the daemon.
+        :raises KvproxyError: the address is malformed or the daemon's own
+            (EINVAL), its peer table is full (ENOSPC), or the daemon is too
+            old for addresses (EOPNOTSUPP); ``reason`` says which.
         """
         if not isinstance(node_id, str):
             raise TypeError(f"node_id must be a str, not {type(node_id).__name__}")
         raw = node_id.encode()
-        if not raw or b"\0" in raw or len(raw) >= _lib.NODE_ID_MAX:
+        limit = _lib.ADDR_MAX if ":" in node_id else _lib.NODE_ID_MAX
+        if not raw or b"\0" in raw or len(raw) >= limit:
             raise InvalidArgument(
-                errno.EINVAL, "peer", detail=f"node id {node_id!r} is empty, contains NUL or is longer than {_lib.NODE_ID_MAX - 1} bytes"
+                errno.EINVAL, "peer", detail=f"node id or address {node_id!r} is empty, contains NUL or is longer than {limit - 1} bytes"
             )
         idx = ctypes.c_uint16()
         with self._ctrl_lock:
@@ -484,6 +502,30 @@ class Client:
                 raise error_for(rc, f"peer {node_id!r}", self._reason(ptr), cls=cls)
             self._peers[node_id] = idx.value
         return idx.value
+
+    def listen_addr(self) -> str:
+        """The ``"host:port"`` this client's kvproxyd listens on for peers: what a
+        remote client names it by in :meth:`peer`. A wildcard host (``0.0.0.0``,
+        ``[::]``) must be replaced by one the remote can reach.
+
+        :raises KvproxyError: EOPNOTSUPP from a daemon older than peers by address.
+        """
+        buf = ctypes.create_string_buffer(_lib.ADDR_MAX)
+        with self._ctrl_lock:
+            ptr = self._handle("listen_addr")
+            self._ctrl_gen += 1
+            try:
+                rc = self._lib.kvp_listen_addr(ptr, buf, _lib.ADDR_MAX)
+            finally:
+                self._ctrl_gen += 1
+            if rc < 0:
+                raise error_for(rc, "listen_addr", self._reason(ptr))
+        return buf.value.decode()
+
+    def forget_peer(self, name: str) -> None:
+        """Drop the index :meth:`submit` cached for ``name`` (after a ``no-peer``
+        completion: the next submit looks it up again)."""
+        self._peers.pop(name, None)
 
     # ---- data path ----
 
@@ -631,7 +673,16 @@ class Client:
             n = self._lib.kvp_poll(ptr, buf, max)
             if n < 0:
                 raise error_for(n, "poll")
-            return [Completion._from_cqe(buf[i]) for i in range(n)]
+            return self._completions(buf, n)
+
+    def _completions(self, buf: Any, n: int) -> List[Completion]:
+        out = [Completion._from_cqe(buf[i]) for i in range(n)]
+        # A peer that left the table: the names submit() cached for it name nothing now.
+        gone = {c.peer for c in out if c.kind == "done" and c.status == Status.NO_PEER}
+        if gone:
+            for name in [k for k, v in list(self._peers.items()) if v in gone]:
+                self._peers.pop(name, None)
+        return out
 
     def wait(self, timeout: Optional[float] = None, max: int = 64) -> List[Completion]:
         """Block until at least one completion is there, then reap up to ``max``.
@@ -670,6 +721,6 @@ class Client:
                 if n < 0:
                     raise error_for(n, "wait")
                 if n > 0:
-                    return [Completion._from_cqe(buf[i]) for i in range(n)]
+                    return self._completions(buf, n)
             if slice_ms == 0:
                 return []

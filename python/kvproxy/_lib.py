@@ -33,6 +33,7 @@ __all__ = [
     "library_path",
     "ABI_VERSION",
     "NODE_ID_MAX",
+    "ADDR_MAX",
     "XFER_SEGS_MAX",
     "PH_MAX",
     "REGION_HOST",
@@ -45,6 +46,7 @@ __all__ = [
 
 ABI_VERSION = 2
 NODE_ID_MAX = 32  # including the terminating NUL
+ADDR_MAX = 80  # "host:port" of kvp_peer_lookup and kvp_listen_addr, NUL included
 XFER_SEGS_MAX = 4096
 PH_MAX = 8
 REGION_HOST = 0x1
@@ -173,6 +175,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     fn("kvp_host_free", None, c_int, ctypes.c_void_p, ctypes.c_size_t)
     fn("kvp_status_str", c_char_p, c_int)
     fn("kvp_invalid_str", c_char_p, c_int)
+    fn("kvp_peer_why_str", c_char_p, c_int)
+    fn("kvp_listen_addr", c_int, _c_client_p, c_char_p, ctypes.c_size_t)
 
 
 def load() -> ctypes.CDLL:

@@ -17,7 +17,7 @@ from typing import Dict, Optional
 
 from . import _lib
 
-__all__ = ["Status", "status_name", "status_names", "status_errno", "invalid_detail"]
+__all__ = ["Status", "status_name", "status_names", "status_errno", "invalid_detail", "peer_detail"]
 
 # kvp_status_str() answers this for a number outside the table.
 _UNKNOWN = "unknown"
@@ -90,4 +90,11 @@ def status_errno(name: str) -> int:
 def invalid_detail(detail: int) -> str:
     """What a completion's ``invalid`` detail code means, in the daemon's words (``""`` for none)."""
     raw = _lib.load().kvp_invalid_str(int(detail))
+    return raw.decode() if raw else ""
+
+
+def peer_detail(detail: int) -> str:
+    """Why a transfer failed with ``peer`` or ``no-peer`` (enum kvp_peer_why), in the
+    daemon's words (``""`` where it did not say)."""
+    raw = _lib.load().kvp_peer_why_str(int(detail))
     return raw.decode() if raw else ""

@@ -196,12 +196,15 @@ peers = (
             return "(no log)"
         return "\n".join(lines[-n:])
 
-    def admin_call(self, method: str, timeout: float = 2.0) -> Dict:
+    def admin_call(self, method: str, timeout: float = 2.0, params: Optional[Dict] = None) -> Dict:
         """One JSON-RPC call on the admin socket; returns its result."""
+        req: Dict = {"jsonrpc": "2.0", "id": 1, "method": method}
+        if params is not None:
+            req["params"] = params
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
             s.settimeout(timeout)
             s.connect(self.admin)
-            s.sendall(json.dumps({"jsonrpc": "2.0", "id": 1, "method": method}).encode() + b"\n")
+            s.sendall(json.dumps(req).encode() + b"\n")
             buf = b""
             while b"\n" not in buf:
                 chunk = s.recv(65536)

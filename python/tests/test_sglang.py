@@ -392,8 +392,9 @@ class SglangAdapterTest(unittest.TestCase):
     # ---- failures: typed, on both sides, never an endless Transferring ----
 
     def test_peer_unknown(self) -> None:
-        """The decode worker's kvproxyd (decode1) is not a peer of prefill0."""
-        with worker(ks.DisaggregationMode.DECODE, "decode1") as (kv, dm):
+        """The decode worker's kvproxyd (decode1) is not a peer of prefill0 and
+        the decode side sends no address to dial it by (KVPROXY_ADDR=none)."""
+        with worker(ks.DisaggregationMode.DECODE, "decode1", addr="none") as (kv, dm):
             sender, receiver = self.handshake(dm, new_room())
             receiver.send_metadata([1, 2, 3], 0, [])
             e = failure_of(sender)
@@ -412,6 +413,34 @@ class SglangAdapterTest(unittest.TestCase):
             self.assertEqual(receiver.conclude_state, KVPoll.Failed)
             sender.clear()
             receiver.clear()
+
+    def test_peer_by_address(self) -> None:
+        """decode1 is not a peer of prefill0, but the decode side sends its
+        kvproxyd's address through the bootstrap: prefill0's kvproxyd dials it
+        on demand, learns its node id, and the KV lands, every byte as sent."""
+        rnd = random.Random(61)
+        with worker(ks.DisaggregationMode.DECODE, "decode1") as (kv, dm):
+            self.assertTrue(dm.kvp_addr and dm.kvp_addr.endswith(f":{DAEMONS['decode1'].port}"), dm.kvp_addr)
+            src, dst = [40, 41, 43], [7, 3, 9]
+            self.pkv.fill_pages(src, rnd)
+            sender, receiver = self.handshake(dm, new_room())
+            receiver.send_metadata(dst, 0, [])
+            poll_until(sender, [KVPoll.WaitingForInput])
+            sender.init(len(src), 0)
+            sender.send(src)
+            self.assertEqual(poll_until(sender, [KVPoll.Success]), KVPoll.Success)
+            self.assertEqual(poll_until(receiver, [KVPoll.Success]), KVPoll.Success)
+            for b in range(2 * self.LAYERS):
+                for sp, dp in zip(src, dst):
+                    self.assertEqual(kv.page(b, dp), self.pkv.page(b, sp), f"buffer {b}: page {sp} -> {dp}")
+            sender.clear()
+            receiver.clear()
+        peers = DAEMONS["prefill0"].admin_call("peers")["peers"]
+        self.assertIn(("decode1", "on_demand"), [(p["node_id"], p["origin"]) for p in peers])
+        # Gone again, for the tests where prefill0 must not know decode1 (the
+        # adapter would learn it from the next transfer's no-peer: tell it now).
+        DAEMONS["prefill0"].admin_call("peer_remove", params={"node_id": "decode1"})
+        self.pm.side.forget_peer("decode1")
 
     def test_destination_region_gone(self) -> None:
         """The decode worker went away after sending its metadata: its close()

@@ -280,10 +280,30 @@ class FailureTest(unittest.TestCase):
         self.assertEqual(pair.de.errors, set(dst))
         self.assertLess(secs, 3.0, "the late decode side waited for its deadline instead of the prefill's answer")
 
-    def test_peer_unknown(self) -> None:
-        """The decode side's kvproxyd is not a peer of the prefill side's: load
-        errors for every block, and the prefill side releases at once."""
+    def test_peer_by_address(self) -> None:
+        """decode1 is not a peer of prefill0, but the decode side sends its
+        kvproxyd's address with its registration: prefill0's kvproxyd dials it
+        on demand and every block lands as sent."""
         pair = Pair(self, decode_node="decode1")
+        src, dst = [3, 4, 9, 10, 11], [20, 21, 5, 6, 7]
+        pair.fill(src, 23)
+        r = rid()
+        _, params = pair.pe.prefill(r, src)
+        d = rid("dec")
+        pair.de.decode(d, params, dst)
+        pair.run(lambda: d in pair.de.received and r in pair.pe.sent, what="peer by address")
+        self.assertEqual(pair.de.errors, set())
+        pair.check_blocks(self, src, dst, 23)
+        peers = DAEMONS["prefill0"].admin_call("peers")["peers"]
+        self.assertIn(("decode1", "on_demand"), [(p["node_id"], p["origin"]) for p in peers])
+        # Gone again, for the cases where prefill0 must not know decode1.
+        DAEMONS["prefill0"].admin_call("peer_remove", params={"node_id": "decode1"})
+
+    def test_peer_unknown(self) -> None:
+        """The decode side's kvproxyd is not a peer of the prefill side's and the
+        decode side sends no address to dial it by: load errors for every
+        block, and the prefill side releases at once."""
+        pair = Pair(self, decode_node="decode1", d_extra={"kvproxy_addr": "none"})
         src, dst = [1, 2, 3, 4], [5, 6, 7, 8]
         r = rid()
         _, params = pair.pe.prefill(r, src)

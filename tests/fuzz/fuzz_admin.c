@@ -100,7 +100,7 @@ LLVMFuzzerInitialize(int *argc, char ***argv)
 	stub_ops.cancel = stub_cancel;
 	fuzz_node_init(&node, &cfg, &stub_ops);
 	w = &node.workers[0];
-	w->peer_links[0] = 1;
+	w->peers[0].links = 1;
 	fuzz_client_open(&node, &cl, 1 << 20);
 	reply = malloc(REPLY_MAX);
 	REQUIRE(reply != NULL, "out of memory");

@@ -110,6 +110,11 @@ fuzz_node_init(struct kvp_node *n, struct kvp_config *cfg, const struct kvp_tran
 		fprintf(stderr, "fuzz: kvp_node_init: %s\n", err);
 		abort();
 	}
+	/* The configured peers' slots, opened as the running worker would. */
+	kvp_worker_inbox(&n->workers[0]);
+	/* No new-peer wait: a transfer to a peer without links fails at once, as the models say. */
+	for (uint32_t i = 0; i < n->workers[0].npeers; i++)
+		n->workers[0].peers[i].wait_until_ns = 0;
 }
 
 void

@@ -88,7 +88,7 @@ check_posted(const struct kvp_xfer *x)
 	REQUIRE(x->chan == cur_chan, "transfer of an unknown channel");
 	REQUIRE(x->nseg >= 1 && x->nseg <= node.cfg.max_segments, "nseg %u", x->nseg);
 	REQUIRE(x->peer < node.cfg.npeers, "peer %u not configured", x->peer);
-	REQUIRE(w->peer_links[x->peer], "posted to a peer that is down");
+	REQUIRE(w->peers[x->peer].links, "posted to a peer that is down");
 	for (uint32_t i = 0; i < x->nseg; i++) {
 		const struct kvp_seg *s = &x->segs[i];
 
@@ -605,7 +605,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	fence_busy_calls = 0;
 	winding = false;
 	cur_in = &in;
-	w->peer_links[0] = 1;
+	w->peers[0].links = 1;
 
 	c.ch = calloc(1, sizeof(*c.ch));
 	void *mem = aligned_alloc(4096, len);
@@ -663,7 +663,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 				timers(kvp_mono_ns() + 3600ull * 1000000000);
 				break;
 			default:
-				w->peer_links[0] = !w->peer_links[0];
+				w->peers[0].links = !w->peers[0].links;
 				break;
 			}
 			break;

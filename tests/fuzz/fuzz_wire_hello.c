@@ -63,6 +63,8 @@ LLVMFuzzerInitialize(int *argc, char ***argv)
 	(void)argc;
 	(void)argv;
 	fuzz_config(&cfg);
+	/* The model is the peer list: a node outside it is refused, not given a slot. */
+	cfg.accept_unknown = false;
 	cfg.npeers = 2;
 	snprintf(cfg.peers[1].node_id, sizeof(cfg.peers[1].node_id), "peer1");
 	snprintf(cfg.peers[1].host, sizeof(cfg.peers[1].host), "127.0.0.1");
@@ -144,7 +146,8 @@ acceptable_hello(const uint8_t *buf, size_t have, bool secret)
 	    h.len != sizeof(m))
 		return -1;
 	int idx = kvp_config_peer_index(&node.cfg, m.node_id);
-	if (idx < 0 || strcmp(m.to_node, node.cfg.node_id) != 0 ||
+	/* An empty target: the dialer named us by address. */
+	if (idx < 0 || (m.to_node[0] && strcmp(m.to_node, node.cfg.node_id) != 0) ||
 	    m.max_inflight > node.cfg.max_inflight || m.frame_max > node.cfg.tcp_frame_max ||
 	    secret != ((m.flags & KVP_HELLO_F_AUTH) != 0) ||
 	    KVP_HELLO_LINK(m.flags) >= node.cfg.tcp_conns)
@@ -319,7 +322,7 @@ run_dialer(struct fuzz_in *in, bool secret, uint16_t i)
 		REQUIRE(p->out_state == KVP_LINK_DOWN && p->out_fd < 0,
 			"failed handshake left state %d fd %d", p->out_state, p->out_fd);
 	}
-	w->peer_links[i] = 0;
+	w->peers[i].links = 0;
 	p->out_up = 0;
 	p->out_state = KVP_LINK_DOWN;
 	p->out_fd = -1;

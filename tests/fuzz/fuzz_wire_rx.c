@@ -206,7 +206,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	for (uint32_t i = 0; i < w->nxfers; i++)
 		w->xfers[i].gen = 0;
 	if (outgoing) {
-		w->peer_links[0] = 1;
+		w->peers[0].links = 1;
 		submit_one();
 	}
 	settle(c, sp[1], 64);
@@ -238,7 +238,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		"(rx_state %d, ops %u)",
 		c->rx_state, c->ops);
 	close(sp[1]);
-	w->peer_links[0] = 0;
+	w->peers[0].links = 0;
 	kvp_worker_inbox(w);
 	fuzz_drain_outbox(&node, 0, &ob);
 	REQUIRE(ob.conn_down >= 1, "closed connection not reported to the main lcore");

@@ -158,6 +158,38 @@ netns_pair() {
 	log "namespaces $NS_P ($ADDR_P) <-> $NS_D ($ADDR_D)"
 }
 
+# netns_bridge SUBNET N: N namespaces NS_NODE[0..N-1] on one bridge (in a
+# namespace of its own, $NS_BR), node i at ADDR_NODE[i] = 10.77.SUBNET.(i+1),
+# loopback up in each: one sender and several receivers, as on one switch.
+netns_bridge() {
+	local subnet=$1 n=$2 tag=${KVP_TEST#test_} i ns a b
+	tag=${tag:0:2}
+	NS_BR="kvp-${KVP_TEST#test_}-$$-br"
+	ip netns add "$NS_BR" || setup_fail "ip netns add $NS_BR"
+	KVP_NETNS+=("$NS_BR")
+	ip -n "$NS_BR" link add br0 type bridge || setup_fail "cannot create a bridge in $NS_BR"
+	ip -n "$NS_BR" link set br0 up
+	NS_NODE=()
+	ADDR_NODE=()
+	for ((i = 0; i < n; i++)); do
+		ns="kvp-${KVP_TEST#test_}-$$-n$i"
+		a="kv${tag}$$n$i" # <= 2+2+7+1+2 chars, under IFNAMSIZ
+		b="kv${tag}$$b$i"
+		ip netns add "$ns" || setup_fail "ip netns add $ns"
+		KVP_NETNS+=("$ns")
+		ip link add "$a" netns "$ns" type veth peer name "$b" netns "$NS_BR" ||
+			setup_fail "cannot create veth pair $a/$b"
+		ip -n "$NS_BR" link set "$b" master br0
+		ip -n "$NS_BR" link set "$b" up
+		ip -n "$ns" addr add "10.77.$subnet.$((i + 1))/24" dev "$a"
+		ip -n "$ns" link set lo up
+		ip -n "$ns" link set "$a" up
+		NS_NODE+=("$ns")
+		ADDR_NODE+=("10.77.$subnet.$((i + 1))")
+	done
+	log "bridge $NS_BR: ${ADDR_NODE[*]}"
+}
+
 # in_ns NS CMD...: run CMD inside NS, or on the host when NS is empty.
 in_ns() {
 	local ns=$1

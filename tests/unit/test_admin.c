@@ -221,6 +221,7 @@ main(void)
 	snprintf(node.cfg.node_id, sizeof(node.cfg.node_id), "unit0");
 	node.tops = &ops;
 	node.start_ns = kvp_mono_ns();
+	node.peers = calloc(node.cfg.max_peers, sizeof(*node.peers));
 	/* What kvp_node_init() has the modules do: register their methods. */
 	admin_methods_init(&node);
 	stats_init(&node);

@@ -220,6 +220,34 @@ main(int argc, char **argv)
 	expect_error("node_id = \"n1\";\npeers = ( { node_id = \"p\"; port = 3; } );\n", 2,
 		     "unknown key 'port'");
 	expect_error("node_id = \"n1\";\npeers = ( { node_id = \"p\"; } );\n", 2, "required");
+	/* limits.max_peers bounds the file's list too (it sizes the tables the list fills). */
+	expect_error("node_id = \"n1\";\nlimits = { max_peers = 1; };\npeers = (\n { node_id = \"p\"; "
+		     "addr = \"h:1\"; },\n { node_id = \"q\"; addr = \"h:2\"; }\n);\n",
+		     3, "2 peers, but limits.max_peers is 1");
+	expect_error("node_id = \"n1\";\nlimits = { max_peers = 0; };\n", 2, "out of range");
+	expect_error("node_id = \"n1\";\nlimits = { max_peers = 1025; };\n", 2, "out of range");
+	/* Forgetting faster than a second would drop a peer between two reconnect tries. */
+	expect_error("node_id = \"n1\";\ntimeouts = { peer_forget_ms = 999; };\n", 2,
+		     "timeouts.peer_forget_ms: 999 out of range [1000, 86400000]");
+	expect_error("node_id = \"n1\";\ntimeouts = { peer_forget_ms = 86400001; };\n", 2,
+		     "out of range");
+	expect_error("node_id = \"n1\";\npeers = ( { node_id = \"p\"; addr = \"a b:1\"; } );\n", 2,
+		     "host:port");
+	{
+		char host[64];
+		uint16_t port = 0;
+
+		CHECK_EQ(kvp_config_parse_hostport("[fd00::1]:7400", host, sizeof(host), &port), 0);
+		CHECK(strcmp(host, "[fd00::1]") == 0 && port == 7400);
+		CHECK_EQ(kvp_config_parse_hostport("decode-0.svc:1", host, sizeof(host), &port), 0);
+		static const char *const bad[] = { "h", "h:", ":1", "h:0", "h:65536", "h: 1", "h:+1",
+						   "h:1x", "a/b:1", "", "h:-1" };
+		for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+			CHECK_EQ(kvp_config_parse_hostport(bad[i], host, sizeof(host), &port), -EINVAL);
+		CHECK(kvp_config_node_id_ok("decode-1.a_b"));
+		CHECK(!kvp_config_node_id_ok("") && !kvp_config_node_id_ok("a:b") &&
+		      !kvp_config_node_id_ok("0123456789012345678901234567890123"));
+	}
 	expect_error("node_id = \"n1\";\nlimits = { sq_entries = 1000; };\n", 2, "powers of two");
 	expect_error("node_id = \"n1\";\nlimits = { sq_entries = 512; max_segments = 512; };\n",
 		     2, "must exceed");

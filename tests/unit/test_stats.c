@@ -24,7 +24,11 @@
 static struct kvp_node node;
 static const struct kvp_transport_ops ops = { .name = "tcp" };
 static struct kvp_mr_stats mr;
-static char text[KVP_STATS_TEXT_MAX];
+#define MAX_PEERS 4 /* limits.max_peers: two slots in use, two free */
+static char text[4u << 20];
+static struct kvp_peer peers[MAX_PEERS];
+static struct kvp_peer_stats peer_stats[2][MAX_PEERS];
+static struct kvp_worker_peer wpeers[2][MAX_PEERS];
 
 static int
 no_pause(unsigned rail, bool pause)
@@ -109,9 +113,17 @@ fill(void)
 		uint64_t *p = (uint64_t *)&node.workers[w].stats;
 
 		for (size_t i = 0; i < sizeof(struct kvp_worker_stats) / 8; i++)
-			p[i] = v++ * 3;
+			if (i * 8 != offsetof(struct kvp_worker_stats, peer))
+				p[i] = v++ * 3;
+		/* The free slots too: a free slot's rows must not show, whatever they hold. */
+		for (unsigned k = 0; k < MAX_PEERS; k++) {
+			uint64_t *q = (uint64_t *)&node.workers[w].stats.peer[k];
+
+			for (size_t i = 0; i < sizeof(struct kvp_peer_stats) / 8; i++)
+				q[i] = v++ * 3;
+		}
 	}
-	for (unsigned i = 0; i < KVP_PEERS_MAX; i++) {
+	for (unsigned i = 0; i < MAX_PEERS; i++) {
 		node.peers[i].connects = v++;
 		node.peers[i].disconnects = v++;
 		node.peers[i].handshake_failures = v++;
@@ -284,6 +296,11 @@ spot_checks(json_t *status, json_t *stats)
 	CHECK_EQ(json_integer_value(json_object_get(json_object_get(stats, "completions"), "ok")),
 		 a->completions[KVP_OK] + b->completions[KVP_OK]);
 	CHECK(strcmp(json_string_value(json_object_get(p1, "node_id")), "p1") == 0);
+	/* The slots in use, not limits.max_peers of them. */
+	CHECK_EQ(json_array_size(json_object_get(stats, "peers")), 2);
+	CHECK_EQ(json_integer_value(json_object_get(status, "peers")), 2);
+	CHECK_EQ(json_integer_value(json_object_get(status, "max_peers")), MAX_PEERS);
+	CHECK(!strstr(text, "peer=\"\""));
 	CHECK_EQ(json_integer_value(json_object_get(p1, "rx_bytes")),
 		 a->peer[1].rx_bytes + b->peer[1].rx_bytes);
 	CHECK_EQ(json_integer_value(json_object_get(p1, "conn_errors")),
@@ -299,8 +316,15 @@ spot_checks(json_t *status, json_t *stats)
 	CHECK_EQ(json_integer_value(json_object_get(w1, "worker")), 1);
 	CHECK_EQ(json_integer_value(json_object_get(w1, "inflight")), 9);
 	CHECK_EQ(json_integer_value(json_object_get(w1, "clients")), node.worker_clients[1]);
-	CHECK_EQ(json_integer_value(json_object_get(w1, "tx_bytes")),
-		 b->peer[0].tx_bytes + b->peer[1].tx_bytes);
+	/*
+	 * A worker's sums run over every slot: a slot is zeroed on each worker
+	 * when its peer closes there, so a removed peer's bytes leave them.
+	 */
+	uint64_t w1_tx = 0;
+	for (unsigned k = 0; k < MAX_PEERS; k++)
+		w1_tx += b->peer[k].tx_bytes;
+	CHECK_EQ(json_integer_value(json_object_get(w1, "tx_bytes")), w1_tx);
+	CHECK_EQ(json_integer_value(json_object_get(w1, "links_up")), 2 + 1);
 	CHECK_EQ(json_integer_value(json_object_get(w1, "landings_forwarded")), b->xlanded);
 	double max_ms = (double)(a->fence_ns_max > b->fence_ns_max ? a->fence_ns_max
 								 : b->fence_ns_max) / 1e6;
@@ -407,22 +431,30 @@ int
 main(void)
 {
 	static struct kvp_worker workers[2];
-	static struct kvp_hist hist[2][KVP_PEERS_MAX * KVP_HP_MAX];
+	static struct kvp_hist hist[2][MAX_PEERS * KVP_HP_MAX];
 
 	table_rules();
 
 	kvp_config_defaults(&node.cfg);
 	snprintf(node.cfg.node_id, sizeof(node.cfg.node_id), "unit0");
-	node.cfg.npeers = 2;
+	node.cfg.max_peers = MAX_PEERS;
 	node.cfg.max_clients = 3;
 	node.cfg.tcp_conns = 2;
-	snprintf(node.cfg.peers[0].node_id, sizeof(node.cfg.peers[0].node_id), "p0");
-	snprintf(node.cfg.peers[1].node_id, sizeof(node.cfg.peers[1].node_id), "p1");
+	node.peers = peers;
+	node.npeers = 2;
+	for (unsigned i = 0; i < 2; i++) {
+		peers[i].slot_state = KVP_PS_ACTIVE;
+		peers[i].origin = KVP_PEER_CONFIG;
+		snprintf(peers[i].node_id, sizeof(peers[i].node_id), "p%u", i);
+	}
 	node.tops = &ops;
 	node.start_ns = kvp_mono_ns();
 	node.workers = workers;
 	node.nworkers = 2;
 	for (unsigned w = 0; w < 2; w++) {
+		workers[w].stats.peer = peer_stats[w];
+		workers[w].peers = wpeers[w];
+		workers[w].npeers = MAX_PEERS;
 		workers[w].hist = hist[w];
 		workers[w].lcore = 3 + 2 * w;
 		workers[w].nxfers = 64;
@@ -436,6 +468,8 @@ main(void)
 						.paused = true, .numa_node = -1 };
 	fill();
 	clients_fill();
+	wpeers[1][1].links = 2; /* worker 1: two links to p1, one to a slot being drained */
+	wpeers[1][3].links = 1;
 
 	kvp_stats_prometheus(&node, text, sizeof(text));
 	json_t *status = stats_json(&node, "status"), *stats = stats_json(&node, "");

@@ -12,7 +12,10 @@
  * worker sent before its clear, with the bytes the mirror refused; a mirror
  * that cannot clear is forced after timeouts.peer_ms and the fence says so;
  * expiry and a client that goes drop the mirrors; the fence table and a
- * full ring towards the other worker refuse a fence with no-buffers.
+ * full ring towards the other worker refuse a fence with no-buffers. A
+ * peer added at run time is opened on both workers; removed, each worker
+ * zeroes its own rows of the slot as it closes it, and the slot is free
+ * (its generation moved on) only once both have closed it.
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -308,6 +311,36 @@ main(void)
 	struct client c;
 	client_open(&c);
 	CHECK_EQ(node.clients[kvp_client_slot(c.id)].worker, 1);
+
+	/* 8. A peer slot on both workers: opened on each, freed once each has closed it. */
+	char why[192];
+	int slot = peer_add(&node, KVP_PEER_ADMIN, "peer1", "127.0.0.1", 2, why, sizeof(why));
+	CHECK_EQ(slot, 1);
+	uint16_t handle = peer_handle(&node, 1);
+	run(kvp_mono_ns());
+	for (unsigned i = 0; i < 2; i++) {
+		CHECK_EQ(W(i)->peers[1].state, KVP_WP_OPEN);
+		CHECK_EQ(W(i)->peers[1].handle, handle);
+		W(i)->stats.peer[1].tx_bytes = 100 + i; /* each worker's own share of its rows */
+		kvp_hist_record(kvp_worker_hist(W(i), 1, KVP_HP_RX_RECV), 1000);
+	}
+	CHECK_EQ(peer_remove(&node, 1, "unit test"), 0);
+	kvp_worker_inbox(W(0)); /* worker 0 closes; worker 1 has not looked yet */
+	for (int i = 0; i < 3; i++)
+		kvp_node_poll(&node, 1);
+	CHECK(peer_live(&node, 1)); /* draining until worker 1 closes too */
+	CHECK_EQ(W(0)->peers[1].state, KVP_WP_FREE);
+	CHECK_EQ(W(0)->stats.peer[1].tx_bytes, 0);
+	CHECK_EQ(kvp_worker_hist(W(0), 1, KVP_HP_RX_RECV)->sum_ns, 0);
+	CHECK_EQ(W(1)->stats.peer[1].tx_bytes, 101);
+	kvp_worker_inbox(W(1));
+	for (int i = 0; i < 20 && peer_live(&node, 1); i++)
+		kvp_node_poll(&node, 10);
+	CHECK(!peer_live(&node, 1));
+	CHECK_EQ(W(1)->peers[1].state, KVP_WP_FREE);
+	CHECK_EQ(W(1)->stats.peer[1].tx_bytes, 0);
+	CHECK_EQ(kvp_worker_hist(W(1), 1, KVP_HP_RX_RECV)->sum_ns, 0);
+	CHECK(peer_handle(&node, 1) != handle); /* the old handle names nothing now */
 
 	kvp_test_conn_close(&a.conn);
 	kvp_test_conn_close(&c.conn);

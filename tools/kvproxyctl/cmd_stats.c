@@ -33,8 +33,9 @@ static const char *const order_totals[] = {
 /* Completions by status, in status order: the names are lib/rings' (kvp_status_str()). */
 static const char *order_completions[KVP_STATUS_MAX + 1];
 static const char *const cols_peers[] = {
-	"node_id",  "index",    "addr",     "state",       "epoch",      "tx_bytes",   "rx_bytes",
-	"tx_xfers", "rx_xfers", "connects", "disconnects", "bad_frames", "last_error", NULL,
+	"node_id",  "index",    "origin",   "addr",        "state",      "epoch",
+	"tx_bytes", "rx_bytes", "tx_xfers", "rx_xfers",    "connects",   "disconnects",
+	"bad_frames", "last_error", NULL,
 };
 static const char *const cols_clients[] = {
 	"id",	    "pid",	"worker",   "sq_depth", "cq_depth", "inflight", "regions",

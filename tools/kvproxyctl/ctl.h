@@ -107,6 +107,8 @@ int render_peers(const struct cmd_opts *co, json_t *res);
 int render_transfers(const struct cmd_opts *co, json_t *res);
 int render_slowest(const struct cmd_opts *co, json_t *res);
 extern const struct call_spec cancel_spec;
+int cmd_peer(struct opts *o, int argc, char **argv);
+int cmd_config_reload(struct opts *o, int argc, char **argv);
 
 /* cmd_config.c */
 int cmd_config_get(struct opts *o, int argc, char **argv);

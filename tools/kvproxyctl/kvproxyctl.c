@@ -47,7 +47,9 @@ usage_main(FILE *f)
 		"Commands:\n"
 		"  status                       node summary\n"
 		"  stats [--prometheus]         counters: totals, completions, peers, latency, ...\n"
-		"  peers                        configured peers and their connection state\n"
+		"  peers                        peers (configured, added, on demand, inbound) and their state\n"
+		"  peer add NODE_ID HOST:PORT   add a peer and connect it at once\n"
+		"  peer remove NODE_ID          drain a peer, then close its links and free its slot\n"
 		"  transfers [--limit N]        transfers in flight: age, phase, bytes\n"
 		"  slowest [--limit N]          slowest recent transfers with their phase breakdown\n"
 		"  cancel CLIENT USER_ID        cancel a client's in-flight transfer\n"
@@ -55,6 +57,7 @@ usage_main(FILE *f)
 		"  undrain                      admit new transfers again (alias: resume)\n"
 		"  config_get [KEY]             configuration values (runtime knobs marked)\n"
 		"  config_set KEY VALUE         change a runtime knob\n"
+		"  config_reload                re-read the configuration file (as SIGHUP; alias: reload)\n"
 		"  log_level [LEVEL]            show or set the log level\n"
 		"  doctor                       transport, NIC/CPU placement and GPU checks, with reasons\n"
 		"  watch [--count N]            live view (throughput per peer and RDMA rail, pool, in flight), 1/s\n"
@@ -346,6 +349,7 @@ static const struct command commands[] = {
 	{ "status", .render = render_status },
 	{ "stats", .render = render_stats },
 	{ "peers", .render = render_peers },
+	{ "peer", cmd_peer },
 	{ "transfers", .render = render_transfers },
 	{ "slowest", .render = render_slowest },
 	{ "cancel", .call = &cancel_spec },
@@ -354,6 +358,8 @@ static const struct command commands[] = {
 	{ "resume", cmd_undrain },
 	{ "config_get", cmd_config_get },
 	{ "config_set", .call = &config_set_spec },
+	{ "config_reload", cmd_config_reload },
+	{ "reload", cmd_config_reload },
 	{ "log_level", .call = &log_level_spec },
 	{ "doctor", .render = render_doctor },
 	{ "watch", cmd_watch },

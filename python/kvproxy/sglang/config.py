@@ -49,6 +49,13 @@ class KvproxyConfig:
             default 65536, kvproxyd's default ``limits.max_blocks``: set it to
             the daemon's value where that is lower); a head slice of a longer
             run of pages becomes several segments.
+        addr: the ``"host:port"`` remote kvproxyds reach the local one at
+            (``KVPROXY_ADDR``); the decode side sends it through sglang's
+            bootstrap, and a prefill kvproxyd that does not know the decode
+            node by id dials it there (no peer lists needed). Default: the
+            daemon's listen address, its host replaced by ``host_ip`` when it
+            listens on a wildcard (``0.0.0.0``, ``[::]``); ``"none"``: send
+            none (the prefill nodes must list this one as a peer).
         sq_entries, cq_entries: ring sizes asked of kvproxyd
             (``KVPROXY_SQ_ENTRIES``, ``KVPROXY_CQ_ENTRIES``; default 0: the
             daemon's ``limits.sq_entries``/``cq_entries``, which are also the
@@ -63,6 +70,7 @@ class KvproxyConfig:
     fence_timeout: float = 5.0
     host_ip: Optional[str] = None
     max_blocks: int = 65536
+    addr: Optional[str] = None
     sq_entries: int = 0
     cq_entries: int = 0
 
@@ -76,6 +84,7 @@ class KvproxyConfig:
         "fence_timeout": (("KVPROXY_FENCE_TIMEOUT",), "seconds"),
         "host_ip": (("KVPROXY_HOST_IP", "SGLANG_HOST_IP"), "str"),
         "max_blocks": (("KVPROXY_MAX_BLOCKS",), "count"),
+        "addr": (("KVPROXY_ADDR",), "str"),
         "sq_entries": (("KVPROXY_SQ_ENTRIES",), "ring"),
         "cq_entries": (("KVPROXY_CQ_ENTRIES",), "ring"),
     }
@@ -153,3 +162,4 @@ def _parse(var: str, raw: str, kind: str) -> Any:
 def env_flag(name: str, env: Optional[Dict[str, str]] = None) -> bool:
     """sglang's truthy spelling of a boolean environment variable."""
     return str((env or os.environ).get(name, "")).strip().lower() in ("1", "true", "yes", "on")
+

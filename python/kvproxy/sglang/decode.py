@@ -136,8 +136,10 @@ class DecodeSide:
         conn = self.conns.get(ep)
         if conn is None or not conn.open:
             mgr = self.mgr
+            # kvp_addr: where the prefill side's kvproxyd can dial ours when it does not know our node id.
             hello = {"t": "hello", "v": PROTO_VERSION, "role": "decode", "node_id": mgr.node_id,
-                     "layout": mgr.layout_announce(), "topology": mgr.topology.as_dict()}
+                     "kvp_addr": mgr.kvp_addr, "layout": mgr.layout_announce(),
+                     "topology": mgr.topology.as_dict()}
             conn = self.channel.connect(ep, first=hello)
             conn.data["receivers"] = set()
             self.conns[ep] = conn

@@ -18,6 +18,7 @@ import time
 from typing import Any, Callable, Dict, List, Optional
 
 from .._client import Client, Completion
+from .._addr import advertised_addr
 from .._errors import KvproxyError
 from .._memory import RegionMap
 from ._common import KVArgs, mode_of
@@ -143,6 +144,7 @@ class KvproxyKVManager:
         try:
             self.node_id = self.client.node_id
             self.max_segments = self.client.max_segments
+            self.kvp_addr = self._kvp_addr()
             self._kv = RegionMap(self.client, self._kv_buffers, self.gpu_id, allow_mirror=False)
             self._aux = RegionMap(self.client, self._aux_buffers, self.gpu_id, allow_mirror=True)
             self._bg = _Worker(f"kvproxy-bg-{self.engine_rank}")
@@ -169,6 +171,20 @@ class KvproxyKVManager:
                  "state %s, %d regions", self.mode, t.dp_group, t.attn_tp_rank, t.attn_tp_size, t.pp_rank, t.pp_size,
                  self.node_id, len(ptrs), len(aptrs), [c["type"] for c in self.states] or "none",
                  self._kv.region_count + self._aux.region_count)
+
+    def _kvp_addr(self) -> Optional[str]:
+        """Where remote kvproxyds reach ours: carried by the bootstrap (see KvproxyConfig.addr)."""
+        try:
+            listen = None if self.config.addr else self.client.listen_addr()
+        except KvproxyError as e:
+            log.info("kvproxy: kvproxyd %s does not say its listen address (%s): remote nodes need it in "
+                     "their peer lists, or set KVPROXY_ADDR", self.client.node_id, e)
+            listen = None
+        addr = advertised_addr(listen, self.config.addr, self.config.host_ip)
+        if addr is None and listen:
+            log.info("kvproxy: kvproxyd %s listens on %s (a wildcard): set KVPROXY_ADDR or KVPROXY_HOST_IP "
+                     "so that remote nodes can dial it by address", self.client.node_id, listen)
+        return addr
 
     @staticmethod
     def _check_supported(args: Any, server_args: Any) -> None:

@@ -18,7 +18,7 @@ from collections import deque
 from typing import TYPE_CHECKING, Any, Deque, Dict, List, Optional, Tuple
 
 from .._client import Completion
-from .._errors import KvproxyError, RingFull
+from .._errors import KvproxyError, PeerNotFound, RingFull
 from ._common import FINAL, PIECE_BITS, PIECE_MAX, PROTO_VERSION, KVPoll
 from .bootstrap import RegistryError, registry_call
 from .channel import Channel, Conn
@@ -278,11 +278,24 @@ class PrefillSide:
         except RegistryError as e:
             log.error("kvproxy prefill: register DP rank of room %d: %s", room, e)
 
-    def peer_index(self, node: str) -> int:
+    def peer_index(self, node: str, addr: Optional[str] = None) -> int:
+        """kvproxyd's index of decode node ``node``: by its node id (a peer of
+        our kvproxyd), else by the address its bootstrap carried (dialled on
+        demand: no peer lists needed). Cached until a transfer says no-peer."""
         idx = self.peers.get(node)
         if idx is None:
-            idx = self.peers[node] = self.mgr.client.peer(node)
+            try:
+                idx = self.mgr.client.peer(node)
+            except PeerNotFound:
+                if not addr:
+                    raise
+                idx = self.mgr.client.peer(addr)
+            self.peers[node] = idx
         return idx
+
+    def forget_peer(self, node: str) -> None:
+        """A transfer to ``node`` ended with no-peer: it left the table; look it up again next time."""
+        self.peers.pop(node, None)
 
     # ---- submission ----
 

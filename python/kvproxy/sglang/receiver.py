@@ -197,7 +197,7 @@ class KvproxyKVReceiver(RequestBase):
             regions = mgr._regions_layout()
             meta = {
                 "t": "meta", "v": PROTO_VERSION, "room": self.bootstrap_room, "tag": self.tag,
-                "node_id": mgr.node_id, "engine_rank": mgr.engine_rank,
+                "node_id": mgr.node_id, "kvp_addr": mgr.kvp_addr, "engine_rank": mgr.engine_rank,
                 "kv": regions["kv"], "aux": regions["aux"], "state": regions["state"], "pages": runs(pages),
                 "aux_index": self._aux_index, "state_indices": sidx,
                 "decode_prefix_len": int(decode_prefix_len or 0),

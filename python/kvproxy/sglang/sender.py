@@ -152,10 +152,12 @@ class KvproxyKVSender(RequestBase):
             self._refuse_locked(conn, meta, "protocol", f"bad metadata from the decode side: {e!r}")
             return
         try:
-            peer = mgr.side.peer_index(node)
+            addr = meta.get("kvp_addr") or (conn.hello or {}).get("kvp_addr")
+            peer = mgr.side.peer_index(node, str(addr) if addr else None)
         except PeerNotFound as e:
             self._refuse_locked(conn, meta, "peer-unknown", f"decode node {node!r} is not a peer of kvproxyd "
-                                f"{mgr.node_id}: {e.reason or e.strerror}")
+                                f"{mgr.node_id} and sent no kvproxyd address (KVPROXY_ADDR): "
+                                f"{e.reason or e.strerror}")
             return
         except KvproxyError as e:
             self._refuse_locked(conn, meta, "daemon-gone" if isinstance(e, Disconnected) else "protocol", str(e))
@@ -250,7 +252,9 @@ class KvproxyKVSender(RequestBase):
             self._settle_locked()
             return
         hint = " (the decode side refused it: it gave the request up and fenced it, or the region is gone)" \
-            if c.status_name == "remote" else ""
+            if c.status_name == "remote" else f": {c.detail}" if c.detail else ""
+        if c.status_name == "no-peer":
+            self.kv_mgr.side.forget_peer(dest.node)
         if not self._fail_locked(c.status_name, f"kvproxy transfer {c.user_id:#x} ({c.nseg} segments) from "
                                  f"{self.kv_mgr.node_id} to {dest.node} ended with status {c.status_name}{hint}",
                                  completion=c):

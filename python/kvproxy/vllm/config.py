@@ -43,6 +43,13 @@ class KvproxyVllmConfig:
         max_segments: segments per transfer; 0: the local kvproxyd's
             ``limits.max_segments``. Both sides' daemons must accept the
             decode side's choice.
+        addr: the ``"host:port"`` remote kvproxyds reach this worker's kvproxyd
+            at; the decode side sends it with its registration, and a prefill
+            kvproxyd that does not know the decode node by id dials it there
+            (no peer lists needed). Default: the daemon's listen address, a
+            wildcard host replaced by this host's address (``$VLLM_HOST_IP``,
+            else its outgoing one); ``"none"``: send none (the prefill nodes
+            must list this one as a peer).
         sq_entries, cq_entries: ring sizes asked of the local kvproxyd
             (powers of two); 0: its ``limits.sq_entries``/``cq_entries``,
             which are also the most it grants. A full submission ring only
@@ -61,6 +68,7 @@ class KvproxyVllmConfig:
     max_inflight: int = 16
     max_transfer_bytes: int = 32 << 20
     max_segments: int = 0
+    addr: Optional[str] = None
     sq_entries: int = 0
     cq_entries: int = 0
     tp_rank: Optional[int] = None
@@ -94,7 +102,7 @@ class KvproxyVllmConfig:
                 continue
             try:
                 value: Any
-                if name in ("socket", "bootstrap_host"):
+                if name in ("socket", "bootstrap_host", "addr"):
                     value = str(raw)
                     if not value:
                         raise ValueError("must not be empty")

@@ -404,7 +404,8 @@ class Receiver:
         w = self.w
         assert w.layout is not None
         return {
-            "v": PROTOCOL, "node": w.client.node_id, "tag": r.tag, "rank": w.tp_rank, "tp": w.tp_size,
+            "v": PROTOCOL, "node": w.client.node_id, "kvp_addr": w.kvp_addr, "tag": r.tag, "rank": w.tp_rank,
+            "tp": w.tp_size,
             "kv_heads": w.kv_heads, "mla": w.mla, "src": s.j, "base": s.base,
             "layout": w.layout.signature(), "slices": w.layout.slice_signature(),
             "planes": [[k, o, p.stride] for (k, o), p in zip(w.src_regions, w.layout.planes)],

@@ -163,6 +163,8 @@ class Sender:
             w.stats.record_done(c.ok, c.status_name, c.bytes, secs)
             if not c.ok:
                 pr.failed[n] = c.status_name
+            if c.status_name == "no-peer":
+                w.forget_peer(c.peer)  # it left the daemon's table: look it up again next time
             w.cond.notify_all()
             if pr.state == CLOSING and not pr.outstanding:
                 self._finish_pair_locked(s, pr)
@@ -445,10 +447,12 @@ class Sender:
                                         "both sides)")
             return
         try:
-            peer = w.peer_index(str(meta.get("node")))
+            addr = meta.get("kvp_addr")
+            peer = w.peer_index(str(meta.get("node")), str(addr) if addr else None)
         except PeerNotFound:
-            self._fail(s, pr, "peer-unknown", f"kvproxyd {w.client.node_id} has no peer {meta.get('node')!r}: "
-                                              "list the decode node in its peers")
+            self._fail(s, pr, "peer-unknown", f"kvproxyd {w.client.node_id} has no peer {meta.get('node')!r} and "
+                                              "the decode side sent no kvproxyd address: list the decode node "
+                                              "in its peers or give it kvproxy_addr")
             return
         except KvproxyError as e:
             self._fail(s, pr, "daemon-gone", str(e))

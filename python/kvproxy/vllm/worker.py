@@ -30,8 +30,9 @@ import threading
 import time
 from typing import Any, Dict, List, Mapping, Optional, Set, Tuple
 
+from .._addr import advertised_addr
 from .._client import Client
-from .._errors import ConnectError, Disconnected, KvproxyError
+from .._errors import ConnectError, Disconnected, KvproxyError, PeerNotFound
 from .._memory import RegionMap
 from ._compat import spec_kind, tp_rank_of_vllm
 from .config import KvproxyVllmConfig
@@ -126,6 +127,7 @@ class WorkerSide:
         self.load_errors: Set[int] = set()
         self._seen_finished: Set[str] = set()
         self._peers: Dict[str, int] = {}
+        self.kvp_addr: Optional[str] = None  # where remote kvproxyds reach ours (after registration)
         self.sender = Sender(self)
         self.receiver = Receiver(self)
         self._reaper: Optional[threading.Thread] = None
@@ -156,6 +158,7 @@ class WorkerSide:
             client.close()
             raise
         self.client, self.layout, self.regions = client, layout, regions
+        self.kvp_addr = self._kvp_addr()
         self.src_regions = [(p.key, p.offset) for p in regions.placements]
         max_segs = min(self.cfg.max_segments or client.max_segments, client.max_segments)
         self.max_segs = max_segs
@@ -244,12 +247,40 @@ class WorkerSide:
         except ValueError:
             return 1
 
-    def peer_index(self, node_id: str) -> int:
-        """The local kvproxyd's index of a peer node (looked up once)."""
+    def _kvp_addr(self) -> Optional[str]:
+        """Where remote kvproxyds reach ours: sent with the decode side's registrations."""
+        assert self.client is not None
+        listen = None
+        if not self.cfg.addr:
+            try:
+                listen = self.client.listen_addr()
+            except KvproxyError as e:
+                log.info("kvproxy: kvproxyd %s does not say its listen address (%s): remote nodes need "
+                         "it in their peer lists, or set kvproxy_addr", self.client.node_id, e)
+        from .scheduler import outgoing_ip  # this host's address, for a wildcard listener
+
+        return advertised_addr(listen, self.cfg.addr, outgoing_ip())
+
+    def peer_index(self, node_id: str, addr: Optional[str] = None) -> int:
+        """The local kvproxyd's index of a peer node: by node id (a peer of the
+        daemon), else by the address the decode side sent (dialled on demand).
+        Cached until a transfer to it ends with no-peer (forget_peer)."""
         idx = self._peers.get(node_id)
         if idx is None:
-            idx = self._peers[node_id] = self.client.peer(node_id)
+            assert self.client is not None
+            try:
+                idx = self.client.peer(node_id)
+            except PeerNotFound:
+                if not addr:
+                    raise
+                idx = self.client.peer(addr)
+            self._peers[node_id] = idx
         return idx
+
+    def forget_peer(self, index: int) -> None:
+        """A transfer to peer ``index`` ended with no-peer: it left the table; look it up again next time."""
+        for node in [k for k, v in self._peers.items() if v == index]:
+            self._peers.pop(node, None)
 
     # ---- threads ----
 
