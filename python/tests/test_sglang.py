@@ -700,6 +700,48 @@ class SglangAdapterTest(unittest.TestCase):
     def test_decode_abort_in_flight_frozen_prefill(self) -> None:
         self.abort_in_flight(freeze=True)
 
+    def test_no_buffers_is_back_pressure(self) -> None:
+        """A prefill worker's own backlog outwaits kvproxyd's admission_ms
+        (one transfer slot, admission_ms = 1, four 32 MiB transfers asked for
+        at once: each waiting one is refused no-buffers, since a 32 MiB
+        transfer cannot end within 1 ms). The adapter sends those again with
+        fewer in flight: the request succeeds, every byte lands, and the
+        daemon counted the refusals the adapter retried."""
+        pa, pb = tb.free_ports(2)
+        extra = "limits = { max_inflight = 1; };"
+        pd = tb.Daemon(tb.TMP, "prefill9", pa, "decode9", pb, extra, "admission_ms = 1;")
+        dd = tb.Daemon(tb.TMP, "decode9", pb, "prefill9", pa, extra)  # peers agree on the limits
+        for d in (pd, dd):
+            tb.STARTED.append(d)
+            d.start()
+        pd.wait_ready()
+        dd.wait_ready()
+        DAEMONS.update({"prefill9": pd, "decode9": dd})
+        with worker(ks.DisaggregationMode.PREFILL, "prefill9", pages=64, item_k=1 << 18, max_inflight=4) as (pkv, pm), \
+                worker(ks.DisaggregationMode.DECODE, "decode9", pages=64, item_k=1 << 18) as (dkv, dm):
+            self.assertTrue(pm.side.registered.wait(XFER_TIMEOUT))
+            rnd = random.Random(89)
+            src = list(range(64))
+            dst = rnd.sample(range(64), 64)
+            pkv.fill_pages(src, rnd)
+            sender, receiver = self.handshake(dm, new_room(), pm=pm)
+            receiver.send_metadata(dst, 0, [])
+            poll_until(sender, [KVPoll.WaitingForInput])
+            sender.init(len(src), 0)
+            sender.send(src)
+            self.assertEqual(poll_until(sender, [KVPoll.Success]), KVPoll.Success)
+            self.assertEqual(poll_until(receiver, [KVPoll.Success]), KVPoll.Success)
+            for b in range(len(dkv.ptrs)):
+                for s_, d_ in zip(src, dst):
+                    self.assertEqual(dkv.page(b, d_), pkv.page(b, s_), f"buffer {b}: page {s_} -> {d_}")
+            refused = sum(c["refused"] for c in pd.admin_call("stats")["clients"])
+            log(f"no-buffers as back-pressure: {pm.side.requeued} transfers sent again, "
+                f"{refused} refused by kvproxyd, {sender.transfers_made} transfers made")
+            self.assertGreater(pm.side.requeued, 0, "no transfer was refused: the test did not overload the slot")
+            self.assertEqual(refused, pm.side.requeued, "the daemon's refusals are not the adapter's retries")
+            sender.clear()
+            receiver.clear()
+
     def test_memory_saver(self) -> None:
         """release/resume_memory_occupation: open requests fail, the KV regions
         are deregistered, then registered again (new keys), and transfers work."""

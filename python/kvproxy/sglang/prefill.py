@@ -98,6 +98,11 @@ class PrefillSide:
         self.ended: Dict[int, Tuple[Dict[str, Any], float]] = {}
         self.queue: Deque[_Piece] = deque()
         self.inflight: Dict[int, _Piece] = {}
+        # Transfers in flight allowed now: max_inflight, halved when kvproxyd
+        # answers no-buffers (our own backlog outwaited its admission_ms),
+        # one more per transfer that ends ok; requeued counts the retries.
+        self.window = mgr.config.max_inflight
+        self.requeued = 0
         self.ring_full = False
         self.waiting_event = False
         self.peers: Dict[str, int] = {}
@@ -317,10 +322,10 @@ class PrefillSide:
             dest.segments += len(piece)
 
     def flush_locked(self) -> None:
-        """Submit queued transfers while fewer than max_inflight are in flight."""
+        """Submit queued transfers while fewer than the window are in flight."""
         self.ring_full = self.waiting_event = False
         mgr = self.mgr
-        while self.queue and len(self.inflight) < mgr.config.max_inflight:
+        while self.queue and len(self.inflight) < self.window:
             piece = self.queue[0]
             s, dest = piece.sender, piece.dest
             if s._state in FINAL:
@@ -382,8 +387,21 @@ class PrefillSide:
     def on_completion(self, c: Completion) -> None:
         if c.kind == "done":
             piece = self.inflight.pop(c.user_id, None)
-            if piece is not None:
-                piece.sender._piece_done_locked(piece, c)
+            if piece is None:
+                return
+            if c.ok:
+                self.window = min(self.window + 1, self.mgr.config.max_inflight)
+            elif c.status_name == "no-buffers" and c.bytes == 0 and piece.sender._state not in FINAL:
+                # kvproxyd wrote nothing of it: it waited for a slot or staging
+                # buffers behind our own transfers for longer than its
+                # admission_ms. That is back-pressure, not a failed request:
+                # send it again first, with fewer in flight. flush_locked's
+                # deadline checks (submit_by, land_by) still bound it.
+                self.window = max(1, len(self.inflight) // 2)
+                self.requeued += 1
+                self.queue.appendleft(piece)
+                return
+            piece.sender._piece_done_locked(piece, c)
 
     def after_reap_locked(self) -> None:
         self.flush_locked()
