@@ -239,9 +239,16 @@ class FenceTest(unittest.TestCase):
     def test_fence_frozen_sender(self) -> None:
         """The sender's kvproxyd is stopped with transfers in flight: the fence cannot be answered
         (no ABORT after the revoke, no rest of a frame) and holds by force after timeouts.peer_ms."""
-        got = self.mid_transfer(freeze=True)
-        tb.log(f"frozen sender: {got}")
-        self.assertGreater(got["fenced_xfers"] + got["forced"], 0, "the fence met nothing in flight")
+        # Whether anything is still in flight when the fence comes is a race
+        # this process can lose (descheduled after the first landing while
+        # the rest of the 64 MiB lands): such a round tests nothing, so it is
+        # run again, a bounded number of times.
+        for attempt in range(5):
+            got = self.mid_transfer(freeze=True)
+            tb.log(f"frozen sender, round {attempt + 1}: {got}")
+            if got["fenced_xfers"] + got["forced"] > 0:
+                break
+        self.assertGreater(got["fenced_xfers"] + got["forced"], 0, "the fence met nothing in flight in 5 rounds")
         self.assertLess(got.get("ok", 0), 64 * MIB // SIZE, "every transfer succeeded past the fence")
 
     def test_workers_crossed(self) -> None:
