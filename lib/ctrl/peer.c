@@ -88,15 +88,6 @@ resolve(const char *host, uint16_t port, bool passive, struct sockaddr_storage *
 
 static void on_listen(struct kvp_node *n, void *arg, uint32_t events);
 
-/* Links this node keeps to each peer and accepts from each: tcp.connections per worker. */
-unsigned
-peer_node_links(const struct kvp_node *n)
-{
-	unsigned l = n->nworkers * n->cfg.tcp_conns;
-
-	return l < KVP_LINKS_MAX ? l : KVP_LINKS_MAX;
-}
-
 /* The worker that owns link @p link of peer @p peer, in either direction. */
 static unsigned
 link_worker(const struct kvp_node *n, uint16_t peer, uint8_t link)

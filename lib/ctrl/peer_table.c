@@ -49,6 +49,15 @@ peer_origin_name(int origin)
 	}
 }
 
+/* Links this node keeps to each peer and accepts from each: tcp.connections per worker. */
+unsigned
+peer_node_links(const struct kvp_node *n)
+{
+	unsigned l = n->nworkers * n->cfg.tcp_conns;
+
+	return l < KVP_LINKS_MAX ? l : KVP_LINKS_MAX;
+}
+
 bool
 peer_live(const struct kvp_node *n, uint32_t slot)
 {
