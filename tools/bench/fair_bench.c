@@ -16,10 +16,10 @@
  * latencies. Exit status 0 when every transfer completed (whatever its
  * status), 1 otherwise.
  */
+#include <err.h>
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
-#include <stdarg.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -28,7 +28,11 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "kvp_test.h"
 #include "kvproxy.h"
+
+/* "PROGRAM: message" and exit 1 (glibc err.h). */
+#define die(...) errx(1, __VA_ARGS__)
 
 #define MAX_CLIENTS 64
 #define MAX_SEGS    64
@@ -55,36 +59,6 @@ struct cl {
 	uint64_t status[KVP_STATUS_MAX + 1];
 	uint64_t t_sub; /* light: submit time of the transfer in flight */
 };
-
-static void __attribute__((format(printf, 1, 2), noreturn))
-die(const char *fmt, ...)
-{
-	va_list ap;
-
-	fputs("kvp-fair-bench: ", stderr);
-	va_start(ap, fmt);
-	vfprintf(stderr, fmt, ap);
-	va_end(ap);
-	fputc('\n', stderr);
-	exit(1);
-}
-
-static uint64_t
-now_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-static int
-cmp_u64(const void *a, const void *b)
-{
-	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-
-	return x < y ? -1 : x > y;
-}
 
 static void
 cl_open(struct cl *k, const struct opts *o, uint64_t len)
@@ -141,7 +115,7 @@ reap(struct cl *k, uint64_t *lat, uint64_t *nlat)
 		k->inflight--;
 		got++;
 		if (lat)
-			lat[(*nlat)++] = now_ns() - k->t_sub;
+			lat[(*nlat)++] = kvp_test_now_ns() - k->t_sub;
 	}
 	return got;
 }
@@ -191,7 +165,7 @@ run(const struct opts *o)
 		for (unsigned i = 0; i < n; i++)
 			if (cls[i].submitted < o->count)
 				submit(&cls[i], peer, key, o->seg, o->segs, o->timeout_ms);
-	uint64_t t0 = now_ns(), deadline = t0 + (uint64_t)(o->run_s * 1e9), next_light = t0;
+	uint64_t t0 = kvp_test_now_ns(), deadline = t0 + (uint64_t)(o->run_s * 1e9), next_light = t0;
 
 	for (;;) {
 		bool all = true;
@@ -216,8 +190,8 @@ run(const struct opts *o)
 		if (light) {
 			got += reap(light, lat, &nlat);
 			if (light->inflight == 0 && light->submitted < o->light_count &&
-			    now_ns() >= next_light) {
-				light->t_sub = now_ns();
+			    kvp_test_now_ns() >= next_light) {
+				light->t_sub = kvp_test_now_ns();
 				submit(light, peer, key, o->light_seg, 1, o->timeout_ms);
 				next_light = light->t_sub + o->light_gap_ms * 1000000ull;
 			}
@@ -225,12 +199,12 @@ run(const struct opts *o)
 		}
 		if (all)
 			break;
-		if (now_ns() > deadline)
+		if (kvp_test_now_ns() > deadline)
 			die("not every transfer completed within %.0f s", o->run_s);
 		if (!got)
 			nanosleep(&(struct timespec){ .tv_nsec = 100000 }, NULL);
 	}
-	double secs = (double)(now_ns() - t0) / 1e9, min_share = 1e9;
+	double secs = (double)(kvp_test_now_ns() - t0) / 1e9, min_share = 1e9;
 
 	printf("{\"seconds\":%.3f,\"prefix\":%" PRIu64 ",\"clients\":[", secs, prefix);
 	for (unsigned i = 0; i < n; i++) {
@@ -244,7 +218,7 @@ run(const struct opts *o)
 	}
 	printf("],\"min_share\":%.3f", n ? min_share : 0);
 	if (light) {
-		qsort(lat, nlat, sizeof(*lat), cmp_u64);
+		kvp_test_sort_u64(lat, nlat);
 		printf(",\"light\":{\"completed\":%" PRIu64 ",\"p50_us\":%.1f,\"max_us\":%.1f,\"status\":",
 		       light->completed, nlat ? (double)lat[nlat / 2] / 1e3 : 0,
 		       nlat ? (double)lat[nlat - 1] / 1e3 : 0);
@@ -254,7 +228,7 @@ run(const struct opts *o)
 	printf("}\n");
 	fflush(stdout);
 	/* A test reads the daemon's per-client counts while the clients are still there. */
-	while (o->linger_file && access(o->linger_file, F_OK) != 0 && now_ns() < deadline)
+	while (o->linger_file && access(o->linger_file, F_OK) != 0 && kvp_test_now_ns() < deadline)
 		nanosleep(&(struct timespec){ .tv_nsec = 20000000 }, NULL);
 	for (unsigned i = 0; i < nall; i++)
 		kvp_close(cls[i].c);

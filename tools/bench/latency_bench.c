@@ -18,13 +18,13 @@
  * --samples FILE every latency in nanoseconds, one per line, for plots.
  */
 #include <arpa/inet.h>
+#include <err.h>
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sched.h>
-#include <stdarg.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -34,7 +34,11 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "kvp_test.h"
 #include "kvproxy.h"
+
+/* "PROGRAM: message" and exit 1 (glibc err.h). */
+#define die(...) errx(1, __VA_ARGS__)
 
 #define ACK_LEN 8
 
@@ -54,36 +58,6 @@ struct opts {
 };
 
 static bool spin_io;
-
-static void __attribute__((format(printf, 1, 2), noreturn))
-die(const char *fmt, ...)
-{
-	va_list ap;
-
-	fputs("kvp-latency-bench: ", stderr);
-	va_start(ap, fmt);
-	vfprintf(stderr, fmt, ap);
-	va_end(ap);
-	fputc('\n', stderr);
-	exit(1);
-}
-
-static uint64_t
-now_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-static int
-cmp_u64(const void *a, const void *b)
-{
-	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-
-	return x < y ? -1 : x > y;
-}
 
 /* Nearest-rank quantile @p q (0..1] of sorted @p v, in microseconds. */
 static double
@@ -115,7 +89,7 @@ print_quantiles(FILE *f, uint64_t *v, size_t n)
 
 	for (size_t i = 0; i < n; i++)
 		sum += (double)v[i];
-	qsort(v, n, sizeof(*v), cmp_u64);
+	kvp_test_sort_u64(v, n);
 	fprintf(f, "{\"p50_us\":%.1f,\"p99_us\":%.1f,\"p999_us\":%.1f,\"max_us\":%.1f,\"mean_us\":%.1f}",
 		q_us(v, n, 0.5), q_us(v, n, 0.99), q_us(v, n, 0.999), q_us(v, n, 1.0),
 		n ? sum / (double)n / 1e3 : 0);
@@ -151,7 +125,7 @@ cmd_sink(const struct opts *o)
 {
 	struct kvp_cqe cqes[64];
 	struct side s;
-	uint64_t landed = 0, deadline = now_ns() + (uint64_t)(o->timeout_s * 1e9);
+	uint64_t landed = 0, deadline = kvp_test_now_ns() + (uint64_t)(o->timeout_s * 1e9);
 	char tmp[4096];
 	FILE *f;
 
@@ -161,7 +135,7 @@ cmd_sink(const struct opts *o)
 	if (!f || fprintf(f, "0x%016" PRIx64 "\n", s.key) < 0 || fclose(f) != 0 ||
 	    rename(tmp, o->key_file) != 0)
 		die("key file %s: %s", o->key_file, strerror(errno));
-	while (now_ns() < deadline && !(o->stop_file && access(o->stop_file, F_OK) == 0)) {
+	while (kvp_test_now_ns() < deadline && !(o->stop_file && access(o->stop_file, F_OK) == 0)) {
 		int n = kvp_wait(s.c, cqes, 64, 100);
 
 		if (n < 0)
@@ -178,12 +152,12 @@ cmd_sink(const struct opts *o)
 static uint64_t
 key_read(const char *path, double wait_s)
 {
-	uint64_t deadline = now_ns() + (uint64_t)(wait_s * 1e9), key = 0;
+	uint64_t deadline = kvp_test_now_ns() + (uint64_t)(wait_s * 1e9), key = 0;
 	FILE *f;
 
 	/* Set-up only: the key comes from another process with no event to wait on. */
 	while (!(f = fopen(path, "r"))) {
-		if (errno != ENOENT || now_ns() > deadline)
+		if (errno != ENOENT || kvp_test_now_ns() > deadline)
 			die("key file %s: %s", path, errno == ENOENT ? "timed out" : strerror(errno));
 		nanosleep(&(struct timespec){ .tv_nsec = 20000000 }, NULL);
 	}
@@ -227,7 +201,7 @@ cmd_run(const struct opts *o)
 
 	for (uint64_t i = 0; i < o->warmup + n; i++) {
 		struct kvp_xfer_desc x = { .user_id = i, .peer = peer };
-		uint64_t t0 = now_ns(), deadline = t0 + 10000000000ull;
+		uint64_t t0 = kvp_test_now_ns(), deadline = t0 + 10000000000ull;
 
 		if ((rc = kvp_submit(s.c, &x, &seg, 1)) < 0)
 			die("submit: %s", strerror(-rc));
@@ -236,7 +210,7 @@ cmd_run(const struct opts *o)
 
 			if (got < 0)
 				die("wait: %s", strerror(-got));
-			if (got == 0 && now_ns() > deadline)
+			if (got == 0 && kvp_test_now_ns() > deadline)
 				die("transfer %" PRIu64 " did not complete in 10 s", i);
 			for (int k = 0; k < got; k++) {
 				const struct kvp_cqe *e = &cqes[k];
@@ -248,7 +222,7 @@ cmd_run(const struct opts *o)
 				done = true;
 				if (i < o->warmup)
 					break;
-				uint64_t t = now_ns() - t0;
+				uint64_t t = kvp_test_now_ns() - t0;
 				size_t j = i - o->warmup;
 
 				lat[j] = t;
@@ -359,7 +333,7 @@ cmd_ping(const struct opts *o)
 {
 	struct sockaddr_in sa;
 	size_t n = o->iters;
-	uint64_t *lat = calloc(n, sizeof(*lat)), deadline = now_ns() + 10000000000ull;
+	uint64_t *lat = calloc(n, sizeof(*lat)), deadline = kvp_test_now_ns() + 10000000000ull;
 	uint8_t *buf = malloc(o->size), ack[ACK_LEN];
 	int fd = -1;
 
@@ -372,19 +346,19 @@ cmd_ping(const struct opts *o)
 		fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
 		if (fd >= 0 && connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0)
 			break;
-		if (now_ns() > deadline)
+		if (kvp_test_now_ns() > deadline)
 			die("connect %s: %s", o->addr, strerror(errno));
 		close(fd);
 		nanosleep(&(struct timespec){ .tv_nsec = 20000000 }, NULL);
 	}
 	nodelay(fd);
 	for (uint64_t i = 0; i < o->warmup + n; i++) {
-		uint64_t t0 = now_ns();
+		uint64_t t0 = kvp_test_now_ns();
 
 		if (!io_all(fd, buf, o->size, true) || !io_all(fd, ack, ACK_LEN, false))
 			die("ping-pong: connection lost");
 		if (i >= o->warmup)
-			lat[i - o->warmup] = now_ns() - t0;
+			lat[i - o->warmup] = kvp_test_now_ns() - t0;
 	}
 	close(fd);
 	if (o->samples)
