@@ -269,6 +269,15 @@ class SglangAdapterTest(unittest.TestCase):
         poll_until(receiver, [KVPoll.WaitingForInput])
         return sender, receiver
 
+    def send_pages(self, sender, receiver, src: Sequence[int], dst: Sequence[int]) -> None:
+        """The call sequence of one request sent in one chunk, both ends to Success."""
+        receiver.send_metadata(dst, 0, [])
+        poll_until(sender, [KVPoll.WaitingForInput])
+        sender.init(len(src), 0)
+        sender.send(src)
+        self.assertEqual(poll_until(sender, [KVPoll.Success]), KVPoll.Success)
+        self.assertEqual(poll_until(receiver, [KVPoll.Success]), KVPoll.Success)
+
     def wait_decode0_regions(self) -> None:
         """Until decode0 holds only the regions of the shared decode worker
         (the daemon reclaims those of a closed client when it sees it go); bounded."""
@@ -424,12 +433,7 @@ class SglangAdapterTest(unittest.TestCase):
             src, dst = [40, 41, 43], [7, 3, 9]
             self.pkv.fill_pages(src, rnd)
             sender, receiver = self.handshake(dm, new_room())
-            receiver.send_metadata(dst, 0, [])
-            poll_until(sender, [KVPoll.WaitingForInput])
-            sender.init(len(src), 0)
-            sender.send(src)
-            self.assertEqual(poll_until(sender, [KVPoll.Success]), KVPoll.Success)
-            self.assertEqual(poll_until(receiver, [KVPoll.Success]), KVPoll.Success)
+            self.send_pages(sender, receiver, src, dst)
             for b in range(2 * self.LAYERS):
                 for sp, dp in zip(src, dst):
                     self.assertEqual(kv.page(b, dp), self.pkv.page(b, sp), f"buffer {b}: page {sp} -> {dp}")
@@ -707,15 +711,9 @@ class SglangAdapterTest(unittest.TestCase):
         transfer cannot end within 1 ms). The adapter sends those again with
         fewer in flight: the request succeeds, every byte lands, and the
         daemon counted the refusals the adapter retried."""
-        pa, pb = tb.free_ports(2)
         extra = "limits = { max_inflight = 1; };"
-        pd = tb.Daemon(tb.TMP, "prefill9", pa, "decode9", pb, extra, "admission_ms = 1;")
-        dd = tb.Daemon(tb.TMP, "decode9", pb, "prefill9", pa, extra)  # peers agree on the limits
-        for d in (pd, dd):
-            tb.STARTED.append(d)
-            d.start()
-        pd.wait_ready()
-        dd.wait_ready()
+        # Both ends: peers must agree on the limits.
+        pd, dd = tb.start_pair(tb.TMP, "prefill9", "decode9", extra, "admission_ms = 1;")
         DAEMONS.update({"prefill9": pd, "decode9": dd})
         with worker(ks.DisaggregationMode.PREFILL, "prefill9", pages=64, item_k=1 << 18, max_inflight=4) as (pkv, pm), \
                 worker(ks.DisaggregationMode.DECODE, "decode9", pages=64, item_k=1 << 18) as (dkv, dm):
@@ -725,12 +723,7 @@ class SglangAdapterTest(unittest.TestCase):
             dst = rnd.sample(range(64), 64)
             pkv.fill_pages(src, rnd)
             sender, receiver = self.handshake(dm, new_room(), pm=pm)
-            receiver.send_metadata(dst, 0, [])
-            poll_until(sender, [KVPoll.WaitingForInput])
-            sender.init(len(src), 0)
-            sender.send(src)
-            self.assertEqual(poll_until(sender, [KVPoll.Success]), KVPoll.Success)
-            self.assertEqual(poll_until(receiver, [KVPoll.Success]), KVPoll.Success)
+            self.send_pages(sender, receiver, src, dst)
             for b in range(len(dkv.ptrs)):
                 for s_, d_ in zip(src, dst):
                     self.assertEqual(dkv.page(b, d_), pkv.page(b, s_), f"buffer {b}: page {s_} -> {d_}")
