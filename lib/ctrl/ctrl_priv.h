@@ -10,6 +10,7 @@
 #define CTRL_PRIV_H
 
 #include <jansson.h>
+#include <sys/socket.h>
 
 #include "kvp_ctrl.h"
 
@@ -193,15 +194,47 @@ void peer_set_why(struct kvp_node *n, uint32_t slot, uint8_t why);
 /** The node id its handshake told (on demand): kept and told to the workers. */
 void peer_set_node_id(struct kvp_node *n, uint32_t slot, const char *node_id);
 
-/* peer.c */
 /** Links kept to each peer and accepted from each: workers x tcp.connections. */
 unsigned peer_node_links(const struct kvp_node *n);
-int peer_init(struct kvp_node *n, char *err, size_t errlen);
+
+/* peer_hello.c: the handshake, shared by both sides */
+#define PEER_HELLO_LEN (sizeof(struct kvp_wire_hdr) + sizeof(struct kvp_wire_hello))
+/** HELLO reply status: why the acceptor refused. */
+enum peer_hello_err {
+	PEER_HELLO_OK = 0,
+	PEER_HELLO_UNKNOWN_NODE = 1,
+	PEER_HELLO_WRONG_TARGET = 2,
+	PEER_HELLO_LIMITS = 3,
+	PEER_HELLO_AUTH = 4,
+	PEER_HELLO_LINK = 5,
+	PEER_HELLO_FULL = 6,
+};
+const char *peer_hello_err_str(uint32_t e);
+int peer_resolve(const char *host, uint16_t port, bool passive, struct sockaddr_storage *ss,
+		 socklen_t *len);
+void peer_fill_hello(struct kvp_node *n, uint8_t *buf, const char *to, uint8_t link,
+		     uint64_t epoch, uint32_t status, const uint8_t *nonce, const uint8_t *mac);
+void peer_hello_mac(const struct kvp_node *n, char role, const uint8_t *challenge,
+		    const uint8_t *own, const char *from, const char *to, uint8_t mac[32]);
+bool peer_mac_ok(const uint8_t *a, const uint8_t *b);
+void peer_random_bytes(void *p, size_t len);
+/** Read what is available of a HELLO. @return 1 complete, 0 partial, <0 error */
+int peer_read_hello(int fd, uint8_t *buf, uint32_t *have);
+/** Hand a handshaken socket to the worker owning @p link. @return 0 or negative errno */
+int peer_hand_over(struct kvp_node *n, uint16_t peer, uint8_t link, int fd, bool outgoing,
+		   uint64_t epoch);
+
+/* peer_accept.c: the listener and the handshakes it accepts */
 int kvp_peer_listen(struct kvp_node *n, char *err, size_t errlen);
 void kvp_peer_accept(struct kvp_node *n);
 /** Take an accepted connection as a pending handshake. @return its slot, -ENOSPC (closed) */
 int peer_take_pending(struct kvp_node *n, int fd);
 void kvp_peer_pending_input(struct kvp_node *n, uint32_t slot);
+void peer_pending_timers(struct kvp_node *n, uint64_t now);
+void peer_accept_close_all(struct kvp_node *n);
+
+/* peer.c: dialling, link state, timers */
+int peer_init(struct kvp_node *n, char *err, size_t errlen);
 /** Watch peer @p i's dial (out_fd) for @p events. @return 0 or negative errno */
 int peer_out_watch(struct kvp_node *n, uint16_t i, uint32_t events);
 void kvp_peer_out_event(struct kvp_node *n, uint16_t peer, uint32_t events);
