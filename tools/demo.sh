@@ -6,7 +6,7 @@
 # mixed 4 KiB..8 MiB segments, the decode client verifies every byte; then
 # both nodes' status, peers and stats. Cleans up only what it started.
 #
-# Usage: sudo ./tools/demo.sh
+# Usage (as root): ./tools/demo.sh
 #   DEMO_SIZE=256m     move less (k/m/g suffixes)
 #   DEMO_BUILDDIR=dir  build directory (default: build)
 set -euo pipefail

@@ -37,7 +37,7 @@ fi
 
 echo "deps: installing ${missing[*]}"
 if [[ $(id -u) -ne 0 ]]; then
-	echo "deps: need root to install packages (run with sudo)" >&2
+	echo "deps: need root to install packages (run as root)" >&2
 	exit 1
 fi
 export DEBIAN_FRONTEND=noninteractive

@@ -22,7 +22,7 @@
 # bytes verified, max RSS vs bound) and exits 0 if every check held, 1 if
 # not, 77 if it cannot run here (needs root, iproute2), 99 if set-up broke.
 #
-# Usage: sudo tools/soak.sh [--short] [--duration SEC] [--seed N] [--builddir DIR]
+# Usage (as root): tools/soak.sh [--short] [--duration SEC] [--seed N] [--builddir DIR]
 #   --short          about 45 s of faults (CI); the default is about 3 minutes
 #   --duration SEC   seconds of traffic under faults (default 180, --short 45)
 #   --seed N         fault and traffic schedule (default: from the clock, printed)

@@ -7,7 +7,7 @@
 # tests with their reason, and as the last line "N passed, N failed, N skipped".
 # Exits non-zero if anything failed (a build failure counts as a failure).
 #
-# Usage: sudo ./tools/test.sh [--no-deps] [--no-san] [--builddir DIR] [--suite NAME]...
+# Usage (as root): ./tools/test.sh [--no-deps] [--no-san] [--builddir DIR] [--suite NAME]...
 #   --no-deps       do not check/install Debian packages
 #   --no-san        only the plain build
 #   --builddir DIR  build in DIR and DIR-san (default: build, build-san)
