@@ -239,13 +239,11 @@ run(const struct opts *o)
 static uint64_t
 parse_size(const char *s)
 {
-	char *end;
-	unsigned long long v = strtoull(s, &end, 0);
-	int sh = *end == 'k' ? 10 : *end == 'm' ? 20 : *end == 'g' ? 30 : 0;
+	uint64_t v;
 
-	if (end == s || *s == '-' || (sh && end[1]) || (!sh && *end))
+	if (kvp_test_parse_u64(s, &v) < 0)
 		die("bad number '%s'", s);
-	return (uint64_t)v << sh;
+	return v;
 }
 
 int

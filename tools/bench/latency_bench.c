@@ -379,19 +379,11 @@ cmd_ping(const struct opts *o)
 static uint64_t
 parse_size(const char *s)
 {
-	char *end;
-	unsigned long long v = strtoull(s, &end, 0);
-	int sh = 0;
+	uint64_t v;
 
-	if (*end == 'k' || *end == 'K')
-		sh = 10;
-	else if (*end == 'm' || *end == 'M')
-		sh = 20;
-	else if (*end == 'g' || *end == 'G')
-		sh = 30;
-	if (end == s || *s == '-' || (sh && end[1]) || (!sh && *end))
+	if (kvp_test_parse_u64(s, &v) < 0)
 		die("bad number '%s'", s);
-	return (uint64_t)v << sh;
+	return v;
 }
 
 static void
