@@ -57,6 +57,11 @@ LAT=$BUILD/tools/bench/kvp-latency-bench
 # shellcheck source=../../tests/integ/lib.sh
 source "$ROOT/tests/integ/lib.sh"
 KVP_TEST=bench_latency
+# --sizes takes 4k, 64K, 1m as well as bytes.
+for i in "${!SIZES[@]}"; do
+	b=$(numfmt --from=iec "${SIZES[i]^^}" 2>/dev/null) || setup_fail "--sizes: bad size '${SIZES[i]}'"
+	SIZES[i]=$b
+done
 require_netns
 require_bins
 [[ -x $LAT ]] || setup_fail "$LAT is not built"
