@@ -128,6 +128,22 @@ untrack() {
 	KVP_PIDS=("${keep[@]}")
 }
 
+# kill9 PID WHAT: SIGKILL a client that must still be running (if it has
+# finished, the test cannot test what it meant to: the clients' outputs, then
+# a setup error), reap and forget it.
+kill9() {
+	local st
+	st=$(awk '{print $3}' "/proc/$1/stat" 2>/dev/null || echo gone)
+	if [[ $st == gone || $st == Z ]]; then
+		cat "$KVP_TMP"/*.out >&2 2>/dev/null || true
+		setup_fail "$2 finished before it could be killed (transfer too fast for this test)"
+	fi
+	kill -KILL "$1"
+	wait "$1" 2>/dev/null || true
+	untrack "$1"
+	log "killed $2 (pid $1) with SIGKILL"
+}
+
 # ---- network namespaces ----
 
 # netns_pair SUBNET: namespaces $NS_P and $NS_D joined by a veth pair,

@@ -40,20 +40,6 @@ start_clients() {
 	PRE=$SPAWNED
 }
 
-# kill9 PID WHAT: SIGKILL a client that must still be running.
-kill9() {
-	local st
-	st=$(awk '{print $3}' "/proc/$1/stat" 2>/dev/null || echo gone)
-	if [[ $st == gone || $st == Z ]]; then
-		cat "$KVP_TMP"/*.out >&2
-		setup_fail "$2 finished before it could be killed (transfer too fast for this test)"
-	fi
-	kill -KILL "$1"
-	wait "$1" 2>/dev/null || true
-	untrack "$1"
-	log "killed $2 (pid $1) with SIGKILL"
-}
-
 reclaimed() {
 	wait_json "$1" status 'd["clients"] == 0 and d["regions"] == 0 and d["inflight"] == 0' 90 \
 		"clients, regions and inflight back to 0 after $2"

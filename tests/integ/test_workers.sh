@@ -86,16 +86,6 @@ sent_ok() {
 	[[ $rc -eq 0 ]] || fail "prefill client $1 exited $rc"
 }
 
-kill9() {
-	local st
-	st=$(awk '{print $3}' "/proc/$1/stat" 2>/dev/null || echo gone)
-	[[ $st != gone && $st != Z ]] || setup_fail "$2 finished before it could be killed"
-	kill -KILL "$1"
-	wait "$1" 2>/dev/null || true
-	untrack "$1"
-	log "killed $2 (pid $1) with SIGKILL"
-}
-
 reclaimed() {
 	wait_json "$1" status 'd["clients"] == 0 and d["regions"] == 0 and d["inflight"] == 0' 90 \
 		"clients, regions and inflight back to 0 after $2"
