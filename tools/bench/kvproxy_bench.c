@@ -9,8 +9,9 @@
  *   bad      submits malformed transfers and checks each one's status
  *
  * Both sides derive the same plan from (--seed, --size, --min-seg, --max-seg,
- * --segs-per-xfer): segment lengths, a shuffled destination layout, and the
- * source pattern, so decode can check what landed without a side channel.
+ * --segs-per-xfer, --linear; bench_plan.c): segment lengths, a shuffled
+ * destination layout, and the source pattern, so decode can check what
+ * landed without a side channel.
  */
 #include <endian.h>
 #include <errno.h>
@@ -26,6 +27,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench_plan.h"
 #include "kvp_test.h"
 #include "kvproxy.h"
 
@@ -56,20 +58,6 @@ struct opts {
 	const char *stop_file; /* decode: stop waiting once this file exists */
 };
 
-struct seg {
-	uint64_t src_off;
-	uint64_t dst_off;
-	uint64_t len;
-};
-
-struct plan {
-	struct seg *segs; /* in source order */
-	size_t nseg;
-	size_t nxfer;
-	uint32_t k;   /* segments per transfer */
-	uint64_t pat; /* pattern key derived from the seed */
-};
-
 static void fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 /* Errors end the process: the daemon reclaims the client, its regions and transfers. */
@@ -86,101 +74,6 @@ fail(const char *fmt, ...)
 	vfprintf(stderr, fmt, ap);
 	va_end(ap);
 	fputc('\n', stderr);
-}
-
-/* ---- deterministic plan and pattern ---- */
-
-/*
- * The source pattern is the test-helper library's (kvp_test_pattern_fill():
- * byte o is a function of the plan's pattern key and o), and so are the
- * plan's numbers (splitmix64, kvp_test_below()): both sides agree on any
- * machine.
- */
-
-/*
- * Segment lengths are log-uniform between min_seg and max_seg: a uniform
- * power of two, then uniform within it. Destination offsets lay the same
- * segments out in a shuffled order, so a transport that ignored dst_off
- * would fail verification.
- */
-static void
-plan_build(struct plan *p, const struct opts *o)
-{
-	uint64_t s = kvp_test_mix64(o->seed ^ 0x6b7670726f787931ull);
-	uint64_t minr = (o->min_seg + 63) & ~63ull;
-	bool round64 = o->min_seg >= 64 && minr <= o->max_seg;
-	unsigned int lo = 63 - __builtin_clzll(o->min_seg), hi = 63 - __builtin_clzll(o->max_seg);
-	size_t cap = 1024;
-
-	memset(p, 0, sizeof(*p));
-	p->pat = kvp_test_mix64(o->seed ^ 0x5061747465726e21ull);
-	p->k = (uint32_t)o->segs_per_xfer;
-	p->segs = malloc(cap * sizeof(*p->segs));
-	if (p->segs == NULL)
-		die("out of memory");
-	for (uint64_t off = 0; off < o->size;) {
-		uint64_t base = 1ull << (lo + kvp_test_below(&s, hi - lo + 1));
-		uint64_t len = base + kvp_test_below(&s, base);
-
-		len = len < o->min_seg ? o->min_seg : len > o->max_seg ? o->max_seg : len;
-		if (round64)
-			len = (len & ~63ull) < minr ? minr : len & ~63ull;
-		if (len > o->size - off)
-			len = o->size - off;
-		if (p->nseg == cap) {
-			p->segs = realloc(p->segs, 2 * cap * sizeof(*p->segs));
-			if (p->segs == NULL)
-				die("out of memory");
-			cap *= 2;
-		}
-		p->segs[p->nseg++] = (struct seg){ .src_off = off, .len = len };
-		off += len;
-	}
-
-	size_t *perm = malloc(p->nseg * sizeof(*perm));
-
-	if (perm == NULL)
-		die("out of memory");
-	s = kvp_test_mix64(o->seed ^ 0x53687566666c6521ull);
-	for (size_t i = 0; i < p->nseg; i++)
-		perm[i] = i;
-	for (size_t i = p->nseg - 1; i > 0 && !o->linear; i--) {
-		size_t j = (size_t)kvp_test_below(&s, i + 1), t = perm[i];
-
-		perm[i] = perm[j];
-		perm[j] = t;
-	}
-	uint64_t dst = 0;
-
-	for (size_t i = 0; i < p->nseg; i++) {
-		p->segs[perm[i]].dst_off = dst;
-		dst += p->segs[perm[i]].len;
-	}
-	free(perm);
-	p->nxfer = (p->nseg + p->k - 1) / p->k;
-}
-
-/*
- * Segments of transfer @p t are plan segments [*first, *first + return);
- * with @p out, also build them as kvp_segments between the two regions.
- */
-static uint32_t
-plan_xfer(const struct plan *p, size_t t, size_t *first, uint64_t *bytes, struct kvp_segment *out,
-	  uint64_t src_key, uint64_t dst_key)
-{
-	size_t a = t * p->k, b = a + p->k < p->nseg ? a + p->k : p->nseg;
-
-	*first = a;
-	*bytes = 0;
-	for (size_t i = a; i < b; i++) {
-		const struct seg *s = &p->segs[i];
-
-		*bytes += s->len;
-		if (out != NULL)
-			out[i - a] = (struct kvp_segment){ src_key, s->src_off, dst_key, s->dst_off,
-							   s->len };
-	}
-	return (uint32_t)(b - a);
 }
 
 /* ---- setup shared by the subcommands ---- */
@@ -760,8 +653,16 @@ main(int argc, char **argv)
 	if (o.sock == NULL || o.key_file == NULL || (!dec && o.peer == NULL))
 		usage_error("%s needs -s SOCK, --key-file PATH%s", cmd,
 			    dec ? "" : " and --peer NODE_ID");
-	plan_build(&p, &o);
+	struct plan_params pp = { .seed = o.seed,
+				  .size = o.size,
+				  .min_seg = o.min_seg,
+				  .max_seg = o.max_seg,
+				  .segs_per_xfer = (uint32_t)o.segs_per_xfer,
+				  .linear = o.linear };
+
+	if (plan_build(&p, &pp) < 0)
+		die("out of memory");
 	rc = dec ? cmd_decode(&o, &p) : pre ? cmd_prefill(&o, &p) : cmd_bad(&o, &p);
-	free(p.segs);
+	plan_free(&p);
 	return rc;
 }
