@@ -2,7 +2,8 @@
 # SPDX-License-Identifier: BSD-3-Clause
 # Asserts: 256 MiB in mixed 4 KiB..8 MiB segments moves prefill0 -> decode0
 # across two network namespaces, every byte verified, and both nodes' stats
-# agree (bytes per peer, one ok completion per transfer, no failures). With
+# agree (bytes per peer, one ok completion per transfer, no failures); then
+# kvproxy-bench --rounds 3 (16 MiB sent three times, verified). With
 # several workers (KVP_WORKERS) the decode client sits on worker 1 while the
 # bytes land through worker 0's links: every landing notice crosses.
 set -euo pipefail
@@ -64,6 +65,33 @@ if [[ $KVP_WORKERS -gt 1 ]]; then
 		"decode0: worker 0 should have handed every landing notice to worker 1"
 	release_worker0 decode0
 fi
+
+# --rounds: the plan (several transfers) three times over the same regions
+# (each transfer lands three times, verified once at the end); bad round
+# counts are refused.
+RSIZE=16777216
+spawn "$NS_D" "$KVP_TMP/rounds.decode.out" "$KVP_TMP/rounds.decode.err" "$KVPROXY_BENCH" decode \
+	-s "$(sock_of decode0)" --size "$RSIZE" --seed "$SEED" --key-file "$KVP_TMP/rounds.key" \
+	--max-seg 1m --segs-per-xfer 2 --rounds 3 --timeout 120 --json
+DEC=$SPAWNED
+in_ns "$NS_P" timeout -k 5 120 "$KVPROXY_BENCH" prefill -s "$(sock_of prefill0)" --peer decode0 \
+	--key-file "$KVP_TMP/rounds.key" --size "$RSIZE" --seed "$SEED" --max-seg 1m --segs-per-xfer 2 \
+	--rounds 3 --wait-key 60 \
+	--json >"$KVP_TMP/rounds.prefill.out" || fail "prefill --rounds 3 failed"
+wait_pid "$DEC" 60 || fail "decode --rounds 3 failed: $(cat "$KVP_TMP/rounds.decode.err")"
+RX=$(json_get "$KVP_TMP/rounds.prefill.out" 'd["xfers"]')
+json_check "$KVP_TMP/rounds.prefill.out" "d['bytes'] == 3 * $RSIZE and d['rounds'] == 3 and d['xfers'] % 3 == 0 and d['xfers'] >= 6 and d['status']['ok'] == d['xfers']" \
+	"prefill --rounds 3 did not send the plan three times"
+json_check "$KVP_TMP/rounds.decode.out" "d['bytes'] == 3 * $RSIZE and d['xfers'] == $RX and d['mismatches'] == 0" \
+	"decode --rounds 3 did not verify three rounds of $RSIZE bytes"
+for bad in "--rounds 0 --size 4096" "--rounds 2 --size 0x8000000000000000"; do
+	rc=0
+	# shellcheck disable=SC2086 # the flags are split on purpose
+	"$KVPROXY_BENCH" decode -s /nonexistent --key-file "$KVP_TMP/none" $bad 2>"$KVP_TMP/rounds.bad" || rc=$?
+	[[ $rc -eq 2 ]] || fail "kvproxy-bench decode $bad exited $rc, want 2 (usage error)"
+	grep -q -- --rounds "$KVP_TMP/rounds.bad" || fail "kvproxy-bench decode $bad: no word of --rounds"
+done
+log "--rounds 3: $RX transfers, 3 x $RSIZE bytes verified; --rounds 0 and an overflow refused"
 
 # Both clients are gone: their channels and regions must be reclaimed.
 for n in prefill0 decode0; do

@@ -50,11 +50,12 @@ struct opts {
 	uint64_t timeout_ms; /* prefill: per-transfer deadline, 0 = daemon default */
 	uint64_t segs_per_xfer;
 	uint64_t inflight;
-	uint64_t expect_xfers; /* decode: 0 = the whole plan */
+	uint64_t expect_xfers; /* decode: 0 = the whole plan, every round */
+	uint64_t rounds;       /* prefill and decode: how many times the plan is sent */
 	double timeout_s;      /* decode: whole run; bad: per case */
 	double wait_key_s;
 	bool json;
-	bool linear; /* destination layout = source layout (KV pages of one request) */
+	bool linear;           /* destination layout = source layout (KV pages of one request) */
 	const char *stop_file; /* decode: stop waiting once this file exists */
 };
 
@@ -204,15 +205,19 @@ static int
 cmd_decode(const struct opts *o, const struct plan *p)
 {
 	struct kvp_cqe cqes[CQ_BATCH];
-	size_t got = 0, first, expect = o->expect_xfers ? o->expect_xfers : p->nxfer;
+	size_t total = (size_t)o->rounds * p->nxfer;
+	size_t got = 0, first, expect = o->expect_xfers ? o->expect_xfers : total;
 	uint64_t bytes = 0, mism = 0, first_bad = 0, want;
-	uint8_t *seen = calloc(p->nxfer, 1);
+	/* Landings of each plan transfer, and (a bit per user_id) which ids landed. */
+	uint64_t *seen = calloc(p->nxfer, sizeof(*seen));
+	uint8_t *ids = calloc((total + 7) / 8, 1);
 	struct side sd;
 
-	if (seen == NULL)
+	if (seen == NULL || ids == NULL)
 		die("out of memory");
-	if (expect > p->nxfer)
-		die("--expect-xfers %zu is above the plan's %zu transfers", expect, p->nxfer);
+	if (expect > total)
+		die("--expect-xfers %zu is above the plan's %zu transfers x %" PRIu64 " rounds",
+		    expect, p->nxfer, o->rounds);
 	side_open(&sd, o, NULL);
 	key_write(o->key_file, sd.key);
 
@@ -242,26 +247,34 @@ cmd_decode(const struct opts *o, const struct plan *p)
 
 			if (e->kind != KVP_CQE_LANDED)
 				continue;
-			if (e->status != KVP_OK || e->user_id >= p->nxfer || seen[e->user_id])
+			bool dup =
+				e->user_id < total && (ids[e->user_id / 8] >> e->user_id % 8) & 1;
+
+			if (e->status != KVP_OK || e->user_id >= total || dup)
 				die("bad LANDED completion: user_id %" PRIu64 " status %s%s",
 				    e->user_id, kvp_status_str(e->status),
-				    e->user_id < p->nxfer && seen[e->user_id] ? " (duplicate)" :
-										"");
-			plan_xfer(p, e->user_id, &first, &want, NULL, 0, 0);
+				    dup ? " (duplicate)" : "");
+			/* Transfer t of round t / nxfer is plan transfer t % nxfer. */
+			plan_xfer(p, e->user_id % p->nxfer, &first, &want, NULL, 0, 0);
 			if (e->bytes != want)
 				die("transfer %" PRIu64 " landed %" PRIu64
 				    " bytes, plan says %" PRIu64,
 				    e->user_id, e->bytes, want);
-			seen[e->user_id] = 1;
+			ids[e->user_id / 8] |= (uint8_t)(1u << e->user_id % 8);
+			seen[e->user_id % p->nxfer]++;
 			got++;
 			bytes += e->bytes;
 		}
 	}
 	if (kvp_overflow(sd.c) != 0)
 		fail("warning: the completion ring overflowed %u times", kvp_overflow(sd.c));
-	if (o->expect_xfers == 0 && !stopped && bytes != o->size)
-		die("landed %" PRIu64 " bytes, expected %" PRIu64, bytes, o->size);
-	/* Only transfers that landed: --expect-xfers may ask for part of the plan. */
+	if (o->expect_xfers == 0 && !stopped && bytes != o->rounds * o->size)
+		die("landed %" PRIu64 " bytes, expected %" PRIu64, bytes, o->rounds * o->size);
+	/*
+	 * Once, at the end: every round writes the same bytes to the same place,
+	 * so the region equals the plan whichever round landed last. Only plan
+	 * transfers that landed: --expect-xfers may ask for part of the plan.
+	 */
 	for (size_t t = 0; t < p->nxfer; t++) {
 		uint32_t n = seen[t] ? plan_xfer(p, t, &first, &want, NULL, 0, 0) : 0;
 
@@ -273,9 +286,10 @@ cmd_decode(const struct opts *o, const struct plan *p)
 	FILE *hf = o->json ? stderr : stdout;
 
 	if (o->json)
-		printf("{\"bytes\":%" PRIu64 ",\"xfers\":%zu,\"checksum\":\"0x%016" PRIx64
-		       "\",\"mismatches\":%" PRIu64 ",\"first_mismatch\":%" PRId64 "}\n",
-		       bytes, got, sum, mism, mism ? (int64_t)first_bad : (int64_t)-1);
+		printf("{\"bytes\":%" PRIu64 ",\"xfers\":%zu,\"rounds\":%" PRIu64
+		       ",\"checksum\":\"0x%016" PRIx64 "\",\"mismatches\":%" PRIu64
+		       ",\"first_mismatch\":%" PRId64 "}\n",
+		       bytes, got, o->rounds, sum, mism, mism ? (int64_t)first_bad : (int64_t)-1);
 	fprintf(hf,
 		"decode: %s %" PRIu64 " bytes in %zu transfers, checksum 0x%016" PRIx64 ", %" PRIu64
 		" mismatches",
@@ -285,6 +299,7 @@ cmd_decode(const struct opts *o, const struct plan *p)
 		fail("verification failed: %" PRIu64 " bytes differ from the plan", mism);
 	side_close(&sd, o);
 	free(seen);
+	free(ids);
 	return mism == 0 ? 0 : 1;
 }
 
@@ -314,14 +329,15 @@ print_prefill(const struct opts *o, size_t nxfer, uint64_t bytes, uint64_t t0, u
 
 	kvp_test_sort_u64(lat, nxfer);
 	if (o->json) {
-		printf("{\"xfers\":%zu,\"bytes\":%" PRIu64 ",\"seconds\":%.6f,\"gbps\":%.3f,"
-		       "\"gbytes_per_s\":%.3f,\"status\":{",
-		       nxfer, bytes, secs, gBps * 8, gBps);
+		printf("{\"xfers\":%zu,\"rounds\":%" PRIu64 ",\"bytes\":%" PRIu64
+		       ",\"seconds\":%.6f,\"gbps\":%.3f,\"gbytes_per_s\":%.3f,\"status\":{",
+		       nxfer, o->rounds, bytes, secs, gBps * 8, gBps);
 		for (int s = 0; s <= KVP_STATUS_MAX; s++)
 			printf("%s\"%s\":%" PRIu64, s ? "," : "", kvp_status_str(s), status[s]);
 		printf("},\"lat_us\":{\"p50\":%.1f,\"p99\":%.1f,\"max\":%.1f},"
 		       "\"start_ns\":%" PRIu64 ",\"end_ns\":%" PRIu64 "}\n",
-		       pct_us(lat, nxfer, 50), pct_us(lat, nxfer, 99), pct_us(lat, nxfer, 100), t0, t1);
+		       pct_us(lat, nxfer, 50), pct_us(lat, nxfer, 99), pct_us(lat, nxfer, 100), t0,
+		       t1);
 	}
 	fprintf(hf,
 		"prefill: %zu transfers, %" PRIu64
@@ -338,7 +354,8 @@ cmd_prefill(const struct opts *o, const struct plan *p)
 {
 	struct kvp_cqe cqes[CQ_BATCH];
 	struct kvp_segment *segs = calloc(p->k, sizeof(*segs));
-	uint64_t *t_sub = calloc(p->nxfer, sizeof(*t_sub)), *lat = calloc(p->nxfer, sizeof(*lat));
+	size_t total = (size_t)o->rounds * p->nxfer;
+	uint64_t *t_sub = calloc(total, sizeof(*t_sub)), *lat = calloc(total, sizeof(*lat));
 	uint64_t status[KVP_STATUS_MAX + 1] = { 0 }, ok_bytes = 0, want;
 	size_t next = 0, done = 0, inflight = 0, first;
 	struct side sd;
@@ -361,12 +378,14 @@ cmd_prefill(const struct opts *o, const struct plan *p)
 	uint64_t stall_ns = ((o->timeout_ms ? o->timeout_ms : 60000) + 30000) * 1000000ull;
 	uint64_t t0 = kvp_test_now_ns(), t_end = t0;
 
-	while (done < p->nxfer) {
-		while (next < p->nxfer && inflight < o->inflight) {
+	/* Transfer t (user_id t) is plan transfer t % nxfer: round t / nxfer. */
+	while (done < total) {
+		while (next < total && inflight < o->inflight) {
 			struct kvp_xfer_desc x = { .user_id = next,
 						   .peer = peer,
 						   .timeout_ns = o->timeout_ms * 1000000ull };
-			uint32_t n = plan_xfer(p, next, &first, &want, segs, sd.key, dst_key);
+			uint32_t n =
+				plan_xfer(p, next % p->nxfer, &first, &want, segs, sd.key, dst_key);
 
 			t_sub[next] = kvp_test_now_ns();
 			rc = kvp_submit(sd.c, &x, segs, n);
@@ -381,7 +400,7 @@ cmd_prefill(const struct opts *o, const struct plan *p)
 		uint64_t now = kvp_test_now_ns();
 
 		if (n == 0 && now - t_end > stall_ns)
-			die("stalled: %zu of %zu transfers done, %zu in flight", done, p->nxfer,
+			die("stalled: %zu of %zu transfers done, %zu in flight", done, total,
 			    inflight);
 		for (int i = 0; i < n; i++) {
 			const struct kvp_cqe *e = &cqes[i];
@@ -394,7 +413,7 @@ cmd_prefill(const struct opts *o, const struct plan *p)
 			lat[e->user_id] = now - t_sub[e->user_id] + 1;
 			status[e->status >= 0 && e->status < KVP_STATUS_MAX ? e->status :
 									      KVP_STATUS_MAX]++;
-			plan_xfer(p, e->user_id, &first, &want, NULL, 0, 0);
+			plan_xfer(p, e->user_id % p->nxfer, &first, &want, NULL, 0, 0);
 			if (e->status == KVP_OK && e->bytes != want)
 				die("transfer %" PRIu64 " reports %" PRIu64
 				    " bytes, plan says %" PRIu64,
@@ -405,14 +424,14 @@ cmd_prefill(const struct opts *o, const struct plan *p)
 			t_end = now;
 		}
 	}
-	print_prefill(o, p->nxfer, ok_bytes, t0, t_end, status, lat);
+	print_prefill(o, total, ok_bytes, t0, t_end, status, lat);
 	if (kvp_overflow(sd.c) != 0)
 		fail("warning: the completion ring overflowed %u times", kvp_overflow(sd.c));
 	side_close(&sd, o);
 	free(segs);
 	free(t_sub);
 	free(lat);
-	return status[KVP_OK] == p->nxfer ? 0 : 1;
+	return status[KVP_OK] == total ? 0 : 1;
 }
 
 /* ---- bad ---- */
@@ -533,6 +552,7 @@ static const struct optdef {
 	{ "segs-per-xfer", O_U64, offsetof(struct opts, segs_per_xfer) },
 	{ "inflight", O_U64, offsetof(struct opts, inflight) },
 	{ "expect-xfers", O_U64, offsetof(struct opts, expect_xfers) },
+	{ "rounds", O_U64, offsetof(struct opts, rounds) },
 	{ "timeout", O_SEC, offsetof(struct opts, timeout_s) },
 	{ "wait-key", O_SEC, offsetof(struct opts, wait_key_s) },
 	{ "json", O_FLAG, offsetof(struct opts, json) },
@@ -556,6 +576,9 @@ usage(FILE *f)
 	      "                        [--seed N] [--timeout SEC] [--wait-key SEC] [plan flags]\n"
 	      "plan flags (must match on both sides): --min-seg BYTES (4096)\n"
 	      "  --max-seg BYTES (8388608) --segs-per-xfer K (16)\n"
+	      "  --rounds R (1, prefill and decode): the plan R times over the same regions\n"
+	      "  (user_id t is plan transfer t % nxfer; decode expects every transfer R times\n"
+	      "  and verifies once at the end); gbps counts R x --size bytes\n"
 	      "  --linear: destination offsets equal source offsets (contiguous KV pages,\n"
 	      "  which the daemon may coalesce), instead of a shuffled layout\n"
 	      "Sizes take k/m/g suffixes (powers of 1024). In prefill --json, gbps is Gbit/s.\n"
@@ -632,6 +655,7 @@ main(int argc, char **argv)
 		.inflight = DEF_INFLIGHT,
 		.timeout_s = -1,
 		.wait_key_s = 30,
+		.rounds = 1,
 	};
 	const char *cmd = argc > 1 ? argv[1] : "";
 	bool dec = !strcmp(cmd, "decode"), pre = !strcmp(cmd, "prefill"), bad = !strcmp(cmd, "bad");
@@ -647,6 +671,13 @@ main(int argc, char **argv)
 	parse_args(argc - 1, argv + 1, &o);
 	if (o.timeout_s < 0)
 		o.timeout_s = bad ? 10 : 60;
+	if (o.rounds == 0)
+		usage_error("--rounds must be at least 1");
+	if (bad && o.rounds != 1)
+		usage_error("--rounds is for prefill and decode");
+	if (o.rounds > UINT64_MAX / o.size)
+		usage_error("--rounds %" PRIu64 " x --size %" PRIu64 " is past 64 bits", o.rounds,
+			    o.size);
 	/* Milliseconds become nanoseconds (and a stall limit) below: keep them in range. */
 	if (o.timeout_ms > 86400000ull * 365)
 		usage_error("--timeout-ms %" PRIu64 " is above a year", o.timeout_ms);
