@@ -9,8 +9,9 @@
 #                               [--segs 65536,1048576,4194304] [--loopback] [--ucx]
 #                               [--cc ALGORITHM] [--no-kv]
 #
-# --reps rounds, interleaved: iperf3 for 5 s (-l 1M) single-stream and with
+# --reps rounds, interleaved: iperf3 for 5 s (-l 1M) single-stream, with
 # as many streams as kvproxy has connections to its peer (tcp.connections),
+# and single-stream with its ends on the two workers' CPUs (iperf3-cpus, -A),
 # with --ucx UCX's ucx_perftest tag_bw and ucp_am_bw over its TCP transport
 # at each segment size (Debian: ucx-utils); kvp-tcp-stream, one TCP stream
 # of --size bytes with its ends on the two workers' CPUs, from and into a
@@ -99,7 +100,7 @@ log "kvproxy: $links TCP connection(s) to the peer (tcp.connections)"
 # The workers' CPUs (EAL lcore ids are CPU ids): where the plain stream's ends run.
 CPU_P=$(ctl prefill0 --json stats | python3 -c 'import json,sys; print(json.load(sys.stdin)["workers"][0]["lcore"])')
 CPU_D=$(ctl decode0 --json stats | python3 -c 'import json,sys; print(json.load(sys.stdin)["workers"][0]["lcore"])')
-log "kvp-tcp-stream: source on CPU $CPU_P (prefill0's worker), sink on CPU $CPU_D (decode0's worker); iperf3 and UCX where the scheduler puts them"
+log "kvp-tcp-stream and iperf3-cpus: sender on CPU $CPU_P (prefill0's worker), receiver on CPU $CPU_D (decode0's worker); iperf3 -P, UCX where the scheduler puts them"
 
 # SIZE as a series name: 1g, 512m, 64k or bytes.
 size_name() {
@@ -160,20 +161,20 @@ net_delta() {
 }
 snapshot "$KVP_TMP/net.prev"
 
-# iperf STREAMS: one 5 s run, recorded as iperf3-P<STREAMS>.
+# iperf STREAMS [NAME -A CPUS]: one 5 s run, recorded as iperf3-P<STREAMS> (or NAME).
 iperf() {
-	local g b dl
+	local g b dl name=${2:-iperf3-P$1}
 	dl=$(deadline_in 20)
 	# The server may not listen yet: retry until a run reports a result.
-	until in_ns "$NS_P" iperf3 -c "$ADDR_D" -p 5201 -t 5 -l 1M -P "$1" ${CC:+-C "$CC"} -J \
+	until in_ns "$NS_P" iperf3 -c "$ADDR_D" -p 5201 -t 5 -l 1M -P "$1" ${CC:+-C "$CC"} "${@:3}" -J \
 		>"$KVP_TMP/iperf3.json" 2>/dev/null &&
 		grep -q '"sum_received"' "$KVP_TMP/iperf3.json"; do
 		before "$dl" || setup_fail "iperf3 client could not reach the server"
 		sleep "$KVP_POLL"
 	done
 	read -r g b < <(python3 -c 'import json,sys; s=json.load(open(sys.argv[1]))["end"]["sum_received"]; print("%.3f %d" % (s["bits_per_second"]/1e9, s["bytes"]))' "$KVP_TMP/iperf3.json")
-	log "iperf3 -P $1: $g Gbit/s, $(net_delta "iperf3-P$1") retransmitted segments"
-	record "iperf3-P$1" "$g" "$b"
+	log "$name: $g Gbit/s, $(net_delta "$name") retransmitted segments"
+	record "$name" "$g" "$b"
 }
 
 # ucx TEST SEG: one ucx_perftest run over UCX's TCP transport, recorded as ucx-TEST-SEG.
@@ -242,7 +243,7 @@ if ((NO_KV == 0)); then
 fi
 
 # Interleaved, so drift on a shared machine hits every series alike.
-names=(tcp-stream-1m "$COLD")
+names=(iperf3-cpus tcp-stream-1m "$COLD")
 ((NO_KV)) || for seg in "${SEGS[@]}"; do names+=("$seg"); done
 ((NO_KV)) || names+=(kv-64k-pages)
 ((NO_KV)) || for seg in "${SEGS[@]}"; do names+=("$seg-hot"); done
@@ -252,6 +253,7 @@ fi
 for ((r = 0; r < REPS; r++)); do
 	iperf 1
 	((links > 1)) && iperf "$links"
+	iperf 1 iperf3-cpus -A "$CPU_P,$CPU_D"
 	if ((UCX)); then
 		for seg in "${SEGS[@]}"; do
 			ucx tag_bw "$seg"
@@ -290,9 +292,15 @@ def net(n):
         pass
     return tot
 def footprint(n):
-    """The plain stream of the same memory footprint: hot = one buffer reused (iperf3, UCX)."""
-    if n == cold or n == "tcp-stream-1m":
-        return None
+    """
+    The reference of the same memory footprint and CPUs: hot = one buffer
+    reused (iperf3, UCX), cold = distinct bytes (kvproxy-bench). The plain
+    stream's own checks: at 1 MiB against iperf3 on the same CPUs, at
+    --size against itself at 1 MiB (what distinct bytes cost a TCP stream).
+    """
+    refs = {"iperf3-cpus": None, "tcp-stream-1m": "iperf3-cpus", cold: "tcp-stream-1m"}
+    if n in refs:
+        return refs[n]
     return "tcp-stream-1m" if n.endswith("-hot") or n.startswith("ucx-") else cold
 ip1, _ = series("iperf3-P1")
 ipm, _ = series("iperf3-P%d" % links) if links > 1 else (ip1, 0)
@@ -317,9 +325,10 @@ for n in names:
     runs.append(r)
     print("%-22s %8.2f %8.2f %9.2f %9.2f %9s  %-16s %.2f / %s" %
           (n, b, m, r["ratio"], r["ratio_multi"], "%.2f" % r["ratio_ref"] if ref else "-",
-           ref or ("1 MiB, hot" if n == "tcp-stream-1m" else "--size, cold"), r["median_ratio"],
+           ref or "-", r["median_ratio"],
            "%.2f" % r["median_ratio_ref"] if ref else "-"))
-print("(kvproxy SEG and kv-64k-pages move distinct bytes: ref %s; SEG-hot and UCX reuse a few MiB: ref tcp-stream-1m)" % cold)
+print("(ref: kvproxy SEG and kv-64k-pages move distinct bytes: %s; SEG-hot and UCX reuse a few MiB:\n"
+      " tcp-stream-1m; that one against iperf3 -l 1M on the same CPUs, %s against it)" % (cold, cold))
 cols = [("TcpRetransSegs", "rtx"), ("TcpExtTCPLossProbes", "TLP"), ("TcpExtTCPFastRetrans", "fast"),
         ("TcpExtTCPSlowStartRetrans", "slowst"), ("TcpExtTCPTimeouts", "RTO"),
         ("TcpExtTCPSpuriousRTOs", "spurRTO"), ("TcpExtTCPLostRetransmit", "lostrtx"),
