@@ -11,25 +11,25 @@
 #
 # --reps rounds, interleaved: iperf3 for 5 s (-l 1M) single-stream, with
 # as many streams as kvproxy has connections to its peer (tcp.connections),
-# and single-stream with its ends on the two workers' CPUs (iperf3-cpus, -A),
-# with --ucx UCX's ucx_perftest tag_bw and ucp_am_bw over its TCP transport
-# at each segment size (Debian: ucx-utils); kvp-tcp-stream, one TCP stream
-# of --size bytes with its ends on the two workers' CPUs, from and into a
-# --size buffer (tcp-stream-SIZE: distinct bytes, kvproxy-bench's footprint)
-# and a 1 MiB one (tcp-stream-1m: iperf3's and UCX's footprint, which stays
-# in the CPU caches); then kvproxy-bench moving --size bytes per segment
-# size and the KV pattern, and per segment size the same bytes again and
-# again (SEG-hot: a region of max(4 MiB, 4 x SEG) sent --size / region
-# times, --rounds: iperf3's footprint). --loopback: both daemons on
-# 127.0.0.1 in one namespace instead of a veth pair. --cc: the TCP
-# congestion control for everyone (kvproxy's tcp.congestion, iperf3 -C,
-# kvp-tcp-stream --cc; UCX's sockets keep the namespace's default). Best
-# and median of each series; kvproxy figures as ratios of both iperf3s and
-# of the plain stream of their footprint; per series the TCP
-# retransmissions and what they were (nstat: tail loss probes, fast and
-# slow-start retransmits, timeouts, DSACKs = spurious retransmits,
-# reordering, receive-side drops and out-of-order queueing; netdev backlog
-# drops from /proc/net/softnet_stat).
+# and single-stream with its ends on the two workers' CPUs (iperf3-cpus,
+# -A); with --ucx UCX's ucx_perftest tag_bw and ucp_am_bw over its TCP
+# transport at each segment size (Debian: ucx-utils); kvp-tcp-stream, one
+# TCP stream of --size bytes (after as many of warm-up) with its ends on
+# the two workers' CPUs, from and into a --size buffer (tcp-stream-SIZE:
+# distinct bytes, kvproxy-bench's footprint) and a 1 MiB one
+# (tcp-stream-1m: iperf3's and UCX's footprint, which stays in the CPU
+# caches); then kvproxy-bench moving --size bytes per segment size and the
+# KV pattern, and per segment size the same bytes again and again (SEG-hot:
+# a region of max(4 MiB, 4 x SEG) sent --size / region times with
+# --rounds: iperf3's footprint). --loopback: both daemons on 127.0.0.1 in
+# one namespace instead of a veth pair. --cc: the TCP congestion control
+# for everyone (kvproxy's tcp.congestion, iperf3 -C, kvp-tcp-stream --cc;
+# UCX's sockets keep the namespace's default). Best and median of each
+# series; kvproxy figures as ratios of both iperf3s and of the plain stream
+# of their footprint; per series the TCP retransmissions and what they
+# were (nstat: tail loss probes, fast and slow-start retransmits, timeouts,
+# DSACKs = spurious retransmits, reordering, receive-side drops and
+# out-of-order queueing; netdev backlog drops from /proc/net/softnet_stat).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -54,7 +54,7 @@ while [[ $# -gt 0 ]]; do
 	--ucx) UCX=1; shift ;;
 	--cc) CC=$2; shift 2 ;;
 	--no-kv) NO_KV=1; shift ;;
-	-h | --help) sed -n 3,33p "$0"; exit 0 ;;
+	-h | --help) sed -n 3,32p "$0"; exit 0 ;;
 	*) BUILD=$(cd "$1" && pwd); shift ;;
 	esac
 done
@@ -200,11 +200,13 @@ ucx() {
 }
 
 # stream NAME PORT SPAN: one kvp-tcp-stream run of $SIZE bytes from a SPAN
-# buffer into the sink at PORT, its ends on the two workers' CPUs.
+# buffer into the sink at PORT, its ends on the two workers' CPUs. After as
+# many bytes of warm-up: kvproxy's links are long-lived, and a fresh
+# connection's first second is slower (0.7x at 1 GiB on loopback here).
 stream() {
 	local name=$1 port=$2 span=$3 g
 	in_ns "$NS_P" taskset -c "$CPU_P" "$STREAM" source --addr "$ADDR_D:$port" --span "$span" \
-		--total "$SIZE" ${CC:+--cc "$CC"} --json >"$KVP_TMP/stream.json" ||
+		--warmup "$SIZE" --total "$SIZE" ${CC:+--cc "$CC"} --json >"$KVP_TMP/stream.json" ||
 		fail "kvp-tcp-stream $name failed"
 	g=$(json_get "$KVP_TMP/stream.json" 'd["gbps"]')
 	log "$name: $g Gbit/s, $(net_delta "$name") retransmitted segments (its socket:" \
