@@ -120,7 +120,8 @@ spawn "$NS_D" "$KVP_TMP/sink-hot.log" - taskset -c "$CPU_D" "$STREAM" sink --add
 spawn "$NS_D" "$KVP_TMP/sink-cold.log" - taskset -c "$CPU_D" "$STREAM" sink --addr "$ADDR_D:5203" \
 	--span "$SIZE" ${CC:+--cc "$CC"}
 
-# record NAME GBPS BYTES: one sample of a series.
+# record NAME GBPS BYTES: one sample of a series, BYTES moved while its
+# TCP counters were counted.
 record() { echo "$2 $3" >>"$KVP_TMP/series.$1"; }
 
 # Where retransmissions come from. The sender's side (in the sending
@@ -211,7 +212,7 @@ stream() {
 	g=$(json_get "$KVP_TMP/stream.json" 'd["gbps"]')
 	log "$name: $g Gbit/s, $(net_delta "$name") retransmitted segments (its socket:" \
 		"$(json_get "$KVP_TMP/stream.json" '"%(total_retrans)d retransmits, %(dsack_dups)d DSACKs, reordering seen %(reord_seen)d, rtt %(rtt_us)d us" % d["tcp_info"]'))"
-	record "$name" "$g" "$SIZE"
+	record "$name" "$g" "$((2 * SIZE))" # the counters saw the warm-up too
 }
 
 # kvp NAME REP SEG BYTES EXTRA...: one verified kvproxy-bench run of BYTES
