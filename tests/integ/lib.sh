@@ -63,17 +63,25 @@ init_test() {
 }
 
 # Stop one pid we started: TERM, bounded wait, then KILL. Returns its exit status.
+# running_pid PID: true while PID runs. A zombie (visible to kill -0 until
+# its parent reaps it) has stopped; so has a process whose /proc entry went
+# between the two looks (reaped by a parent other than this shell).
+running_pid() {
+	local st
+	kill -0 "$1" 2>/dev/null || return 1
+	st=$(awk '{print $3}' "/proc/$1/stat" 2>/dev/null) || return 1
+	[[ -n $st && $st != Z ]]
+}
+
 stop_pid() {
 	local pid=$1 limit=${2:-15} dl rc=0
 	kill -0 "$pid" 2>/dev/null || { wait "$pid" 2>/dev/null || rc=$?; return $rc; }
 	kill -TERM "$pid" 2>/dev/null || true
 	dl=$(deadline_in "$limit")
-	while kill -0 "$pid" 2>/dev/null && before "$dl"; do
-		# A zombie child stays visible to kill -0 until reaped; stop on it.
-		[[ $(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null) == Z ]] && break
+	while running_pid "$pid" && before "$dl"; do
 		sleep "$KVP_POLL"
 	done
-	if kill -0 "$pid" 2>/dev/null && [[ $(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null) != Z ]]; then
+	if running_pid "$pid"; then
 		log "pid $pid did not stop within ${limit}s after TERM; sending KILL"
 		kill -KILL "$pid" 2>/dev/null || true
 	fi
@@ -132,9 +140,7 @@ untrack() {
 # finished, the test cannot test what it meant to: the clients' outputs, then
 # a setup error), reap and forget it.
 kill9() {
-	local st
-	st=$(awk '{print $3}' "/proc/$1/stat" 2>/dev/null || echo gone)
-	if [[ $st == gone || $st == Z ]]; then
+	if ! running_pid "$1"; then
 		cat "$KVP_TMP"/*.out >&2 2>/dev/null || true
 		setup_fail "$2 finished before it could be killed (transfer too fast for this test)"
 	fi
@@ -310,8 +316,7 @@ start_daemon() {
 }
 
 daemon_alive() {
-	local pid=${DPID[$1]}
-	kill -0 "$pid" 2>/dev/null && [[ $(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null) != Z ]]
+	running_pid "${DPID[$1]}"
 }
 
 # ctl NODE_ID ARGS...: kvproxyctl against NODE_ID's admin socket.
@@ -527,7 +532,7 @@ wait_file() {
 wait_pid() {
 	local pid=$1 dl rc=0
 	dl=$(deadline_in "$2")
-	while kill -0 "$pid" 2>/dev/null && [[ $(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null) != Z ]]; do
+	while running_pid "$pid"; do
 		before "$dl" || fail "pid $pid still running after ${2}s"
 		sleep "$KVP_POLL"
 	done
