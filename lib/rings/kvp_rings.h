@@ -353,6 +353,25 @@ kvp_ring_free(struct kvp_ring *r)
 	return (int)(r->size - used);
 }
 
+/*
+ * Write into the slot a page ahead of the next one, if it is free: a ring
+ * of several pages walks into a page it last wrote a whole ring ago, and
+ * on the 2-CPU VM the first write there cost microseconds (every 32nd
+ * one-at-a-time transfer, a 4 KiB page of 128-byte CQEs on the sender's
+ * and on the receiver's ring, took 8 us more; a read or a prefetch ahead
+ * did not help, a write did: p99 24 -> 19 us). The byte written is in a
+ * slot the consumer released (cons seen past it), which only the producer
+ * touches until it fills it.
+ */
+static inline void
+kvp_ring_warm_ahead(struct kvp_ring *r)
+{
+	uint32_t ahead = 4096 / r->esize;
+
+	if (ahead && r->size > ahead && r->local + ahead - r->cached < r->size)
+		*(volatile uint8_t *)(r->slots + (size_t)((r->local + ahead) & r->mask) * r->esize) = 0;
+}
+
 /**
  * Enqueue exactly @p n entries of r->esize bytes, or none.
  *
@@ -382,6 +401,7 @@ kvp_ring_enqueue_bulk(struct kvp_ring *r, const void *objs, uint32_t n)
 	r->local = prod + n;
 	/* Pairs with the consumer's acquire load of prod in kvp_ring_count(). */
 	KVP_STORE_RELEASE(&r->shm->prod, r->local);
+	kvp_ring_warm_ahead(r);
 	return (int)n;
 }
 
