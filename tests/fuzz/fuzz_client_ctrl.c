@@ -15,7 +15,9 @@
  * Invariants: every reply is a whole 256-byte message with the magic and a
  * NUL-terminated reason; once the client has gone, its slot, channel and
  * regions are reclaimed (no client, no region, no control message left) and
- * every fd it passed has been closed (no fd leak); ASan/UBSan watch the rest.
+ * every fd it passed has been closed (no fd leak; the on-demand peers its
+ * PEER_ADDR requests made are removed first: their dial sockets are the
+ * node's); ASan/UBSan watch the rest.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -127,6 +129,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };
 	int fd0 = fuzz_lowest_fd();
 	unsigned pool0 = rte_mempool_avail_count(node.msg_pool);
+	uint32_t peers0 = node.npeers;
 	int sock;
 
 	have = 0;
@@ -158,6 +161,20 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	REQUIRE(node.nclients == 0, "%u client slots still held", node.nclients);
 	REQUIRE(node.regions.used == 0, "%u regions still mapped", node.regions.used);
 	REQUIRE(w->nchans == 0, "the worker still polls %u channels", w->nchans);
+	/*
+	 * PEER_ADDR makes on-demand peers, which the node keeps dialling (a
+	 * socket each) until timeouts.peer_forget_ms: node state this input
+	 * made, not the client's. Removed here, so the next input starts from
+	 * the same table and the fd check below sees only the client's.
+	 */
+	for (uint32_t i = 0; i < node.cfg.max_peers; i++)
+		if (node.peers[i].slot_state == KVP_PS_ACTIVE &&
+		    node.peers[i].origin == KVP_PEER_ON_DEMAND)
+			REQUIRE(peer_remove(&node, i, "fuzz input done") == 0, "peer_remove");
+	for (int i = 0; i < 50 && node.npeers != peers0; i++)
+		run_node();
+	REQUIRE(node.npeers == peers0, "%u peer slots left of the input's on-demand peers",
+		node.npeers - peers0);
 	fuzz_drain_outbox(&node, 0, NULL);
 	REQUIRE(rte_mempool_avail_count(node.msg_pool) == pool0, "control messages leaked");
 	REQUIRE(fuzz_lowest_fd() == fd0, "fd leaked (one the client passed, or a channel's)");
