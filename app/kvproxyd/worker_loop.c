@@ -17,6 +17,15 @@
 /* While transfers are in flight (or fences pending), wake at least this often to check. */
 #define SLEEP_BUSY_MS 1
 #define SLEEP_IDLE_MS 100
+/*
+ * After the last transfer in flight has completed, spin this long before
+ * the first yield: the client's next submission usually follows within a
+ * microsecond or two, and a yield then hands the CPU to whatever else runs
+ * here (on one CPU, the peer node's idle worker) for a whole turn first.
+ * Never after handing bytes to the kernel: then the thread that must run
+ * next is the receiver's.
+ */
+#define SPIN_AFTER_DONE_NS 2000
 
 static void
 worker_sleep(struct kvp_worker *w)
@@ -70,6 +79,8 @@ kvp_worker_loop(void *arg)
 			} else {
 				if (now - idle_since >= (uint64_t)KVP_STAT_READ(w->cfg->idle_us) * 1000)
 					worker_sleep(w);
+				else if (kvp_worker_spin_after_done(w, now, SPIN_AFTER_DONE_NS))
+					rte_pause();
 				else
 					/*
 					 * The spin before sleeping gives way to whatever

@@ -485,6 +485,7 @@ struct kvp_worker {
 	uint32_t *free_idx;
 	uint32_t nfree;
 	uint32_t nbacklog; /**< of the slots in use, transfers ended and waiting for CQ room */
+	uint64_t done_ns;  /**< a transfer's DONE last reached its client's CQ */
 	struct kvp_seg *segs; /**< nxfers * max_segments */
 	struct kvp_sqe_seg *sqe_scratch;
 
@@ -566,6 +567,12 @@ int kvp_worker_xsend(struct kvp_worker *w, unsigned to, const struct kvp_xmsg *m
 
 /** Messages the ring towards worker @p to can take now. */
 unsigned kvp_worker_xroom(const struct kvp_worker *w, unsigned to);
+/**
+ * True within @p window_ns of a DONE reaching its client while nothing is in
+ * flight on this worker: the poll loop spins then instead of yielding (the
+ * client's next submission is likely to follow at once).
+ */
+bool kvp_worker_spin_after_done(const struct kvp_worker *w, uint64_t now, uint64_t window_ns);
 
 /** Pick up submissions from every channel. @return SQ entries consumed */
 int kvp_worker_poll_chans(struct kvp_worker *w);

@@ -369,6 +369,12 @@ backlog_push(struct kvp_worker *w, struct kvp_chan *ch, struct kvp_xfer *x)
 	ch->backlog_tail = x;
 }
 
+bool
+kvp_worker_spin_after_done(const struct kvp_worker *w, uint64_t now, uint64_t window_ns)
+{
+	return w->nfree + w->nbacklog == w->nxfers && now - w->done_ns < window_ns;
+}
+
 void
 kvp_worker_xfer_end(struct kvp_worker *w, struct kvp_xfer *x, int status)
 {
@@ -396,6 +402,7 @@ kvp_worker_xfer_end(struct kvp_worker *w, struct kvp_xfer *x, int status)
 			x->ts[KVP_TS_DONE] = 0;
 			backlog_push(w, x->chan, x);
 		} else {
+			w->done_ns = now;
 			xfer_free(w, x, now);
 		}
 	}

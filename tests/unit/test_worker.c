@@ -603,6 +603,36 @@ test_cq_room(void)
 	expect_reclaimed();
 }
 
+/* The poll loop spins after a DONE only while nothing else is in flight, and briefly. */
+static void
+test_spin_after_done(void)
+{
+	struct client a;
+	uint64_t win = 2000;
+
+	client_open(&a, CLIENT_A, CQ_BIG);
+	submit(&a, 1, kvp_mono_ns(), HOUR_NS);
+	submit(&a, 2, kvp_mono_ns(), HOUR_NS);
+	CHECK_EQ(poll_worker(), 4);
+	end_xfer(held_of(CLIENT_A, 1), KVP_OK);
+	uint64_t now = kvp_mono_ns();
+	CHECK(!kvp_worker_spin_after_done(&w, now, win)); /* 2 still in flight */
+	end_xfer(held_of(CLIENT_A, 2), KVP_OK);
+	now = kvp_mono_ns();
+	CHECK(kvp_worker_spin_after_done(&w, now, win));
+	CHECK(!kvp_worker_spin_after_done(&w, now + win, win));
+	EXPECT_DONE(&a, 1, KVP_OK);
+	EXPECT_DONE(&a, 2, KVP_OK);
+	/* A transfer picked up since: in flight again, no spin. */
+	submit(&a, 3, kvp_mono_ns(), HOUR_NS);
+	CHECK_EQ(poll_worker(), 2);
+	CHECK(!kvp_worker_spin_after_done(&w, kvp_mono_ns(), win));
+	end_all(KVP_OK);
+	EXPECT_DONE(&a, 3, KVP_OK);
+	client_close(&a);
+	expect_reclaimed();
+}
+
 /* Deadlines run from the client's submit; a transfer past it ends "timeout". */
 static void
 test_deadlines(void)
@@ -1020,6 +1050,7 @@ main(void)
 	test_peer_slots();
 	test_admission();
 	test_cq_room();
+	test_spin_after_done();
 	test_deadlines();
 	test_cancel();
 	test_drain();
