@@ -155,6 +155,8 @@ struct tcp_conn {
 	bool recv_busy;
 	bool recv_direct; /* the recv in flight lands at rx_dst, not in rxbuf */
 	bool recv_next;	  /* a UOP_RECV_NEXT is linked behind it */
+	bool rx_drained;  /* the last recv into rxbuf came back short: the socket was empty */
+	uint32_t rx_asked; /* bytes the recv into rxbuf in flight asked for */
 	enum rx_state rx_state;
 	struct kvp_wire_hdr rx_hdr;
 	struct rx_entry *rx_ent;

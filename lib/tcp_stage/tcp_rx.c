@@ -34,6 +34,14 @@ tcp_start_recv(struct tcp_ctx *t, struct tcp_conn *c)
 			return 0; /* stalled until the parser frees room */
 		buf = c->rxbuf + c->rx_end;
 		len = c->rx_cap - c->rx_end;
+		/*
+		 * The socket ran dry last time: what comes next is likely the
+		 * first frame of a transfer. Read its header and a little, so
+		 * a large payload lands by direct recv instead of through
+		 * rxbuf and a copy (64 KiB one at a time: 0.7 us less).
+		 */
+		if (c->rx_drained && c->rx_end == 0 && len > RECV_NEXT_LEN)
+			len = RECV_NEXT_LEN;
 	}
 	struct io_uring_sqe *sqe = tcp_sqe(t);
 	if (!sqe)
@@ -50,6 +58,7 @@ tcp_start_recv(struct tcp_ctx *t, struct tcp_conn *c)
 	io_uring_sqe_set_data64(sqe, tcp_udata(c, UOP_RECV));
 	c->recv_busy = true;
 	c->recv_direct = c->rx_state == RX_DIRECT;
+	c->rx_asked = (uint32_t)len;
 	c->ops++;
 	if (c->rx_state != RX_DIRECT || len < c->rx_win)
 		return 1;
@@ -221,10 +230,12 @@ tcp_recv_done(struct tcp_ctx *t, struct tcp_conn *c, int res, bool next)
 		return;
 	}
 	c->last_rx_ns = kvp_mono_ns();
-	if (!next && c->recv_direct)
+	if (!next && c->recv_direct) {
 		landed(t, c, (uint64_t)res);
-	else
+	} else {
+		c->rx_drained = (uint32_t)res < (next ? RECV_NEXT_LEN : c->rx_asked);
 		rxbuf_filled(c, res);
+	}
 }
 
 /* @return false if the payload must wait for a receive staging buffer. */
@@ -489,9 +500,16 @@ tcp_process_rx(struct tcp_ctx *t, struct tcp_conn *c)
 			if (c->rx_state == RX_BODY && c->rx_start == c->rx_end) {
 				/*
 				 * The rest of the window comes straight from the
-				 * socket, once no recv into rxbuf is in flight.
+				 * socket, once no recv into rxbuf is in flight: a
+				 * large window, or the rest of a large contiguous
+				 * payload whose first bytes came with its header
+				 * (after a drained socket that recv was kept short,
+				 * tcp_start_recv()).
 				 */
-				if (c->rx_win >= DIRECT_RECV_MIN && !c->recv_busy)
+				if ((c->rx_win >= DIRECT_RECV_MIN ||
+				     (c->rx_hdr.type == KVP_W_DATA && c->rx_hdr.len >= DIRECT_RECV_MIN &&
+				      c->rx_win >= RECV_NEXT_LEN)) &&
+				    !c->recv_busy)
 					c->rx_state = RX_DIRECT;
 				return work + 1;
 			}
@@ -556,5 +574,6 @@ tcp_rx_reset(struct tcp_ctx *t, struct tcp_conn *c)
 	body_done(t, c);
 	c->rx_start = c->rx_end = 0;
 	c->recv_busy = c->recv_next = false;
+	c->rx_drained = false;
 	c->rx_left = 0;
 }
