@@ -69,8 +69,8 @@ init_test
 # Both daemons get EAL lcores 0,1: the decode daemon's main lcore goes to
 # CPU 1 so that the two workers run on different CPUs (override with
 # KVP_EAL_DECODE; empty: both workers on CPU 1, as two sidecars on one host
-# get by default, which is the faster placement on this 2-CPU VM up to
-# 64 KiB, where a copy across CPUs costs more than the turns on one).
+# get by default, the faster placement on this 2-CPU VM, where a 64 KiB
+# copy across CPUs costs more than the turns on one).
 export KVP_EAL_DECODE=${KVP_EAL_DECODE---main-lcore 1}
 if ((VETH)); then
 	start_pair 93 "$EXTRA_CONF"
