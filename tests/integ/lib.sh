@@ -62,7 +62,6 @@ init_test() {
 	log "temp dir $KVP_TMP"
 }
 
-# Stop one pid we started: TERM, bounded wait, then KILL. Returns its exit status.
 # running_pid PID: true while PID runs. A zombie (visible to kill -0 until
 # its parent reaps it) has stopped; so has a process whose /proc entry went
 # between the two looks (reaped by a parent other than this shell).
@@ -73,6 +72,7 @@ running_pid() {
 	[[ -n $st && $st != Z ]]
 }
 
+# Stop one pid we started: TERM, bounded wait, then KILL. Returns its exit status.
 stop_pid() {
 	local pid=$1 limit=${2:-15} dl rc=0
 	kill -0 "$pid" 2>/dev/null || { wait "$pid" 2>/dev/null || rc=$?; return $rc; }
