@@ -41,7 +41,7 @@ worker_sleep(struct kvp_worker *w)
 	/* Heartbeats are due every peer_ms / 4: wake often enough to send them. */
 	int idle = (int)(w->cfg->peer_timeout_ms / 8);
 	/* Ended transfers waiting for CQ room have no deadline left to watch. */
-	bool busy = w->nfree + w->nbacklog < w->nxfers || w->fences_pending;
+	bool busy = kvp_worker_inflight(w) > 0 || w->fences_pending;
 	int timeout = busy ? SLEEP_BUSY_MS : idle < SLEEP_IDLE_MS ? idle : SLEEP_IDLE_MS;
 
 	poll(pfd, 1 + n, timeout);

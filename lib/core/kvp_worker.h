@@ -567,6 +567,13 @@ int kvp_worker_xsend(struct kvp_worker *w, unsigned to, const struct kvp_xmsg *m
 
 /** Messages the ring towards worker @p to can take now. */
 unsigned kvp_worker_xroom(const struct kvp_worker *w, unsigned to);
+/** Transfers in flight: slots taken and not ended (backlogged ones have ended). */
+static inline uint32_t
+kvp_worker_inflight(const struct kvp_worker *w)
+{
+	return w->nxfers - w->nfree - w->nbacklog;
+}
+
 /**
  * True within @p window_ns of a DONE reaching its client while nothing is in
  * flight on this worker: the poll loop spins then instead of yielding (the

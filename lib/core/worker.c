@@ -372,7 +372,7 @@ backlog_push(struct kvp_worker *w, struct kvp_chan *ch, struct kvp_xfer *x)
 bool
 kvp_worker_spin_after_done(const struct kvp_worker *w, uint64_t now, uint64_t window_ns)
 {
-	return w->nfree + w->nbacklog == w->nxfers && now - w->done_ns < window_ns;
+	return kvp_worker_inflight(w) == 0 && now - w->done_ns < window_ns;
 }
 
 void
