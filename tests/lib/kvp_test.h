@@ -147,6 +147,13 @@ uint64_t kvp_test_bytes_diff(const void *a, const void *b, size_t n, size_t *fir
  */
 int kvp_test_parse_u64(const char *s, uint64_t *v);
 
+struct sockaddr_in;
+/**
+ * Parse "IPV4:PORT" (port 1-65535) into @p sa.
+ * @return 0; -EINVAL (no colon, a host that is not an IPv4 address, a bad port)
+ */
+int kvp_test_parse_ipv4(const char *s, struct sockaddr_in *sa);
+
 /** Sort @p n numbers in ascending order (latencies, before percentiles). */
 void kvp_test_sort_u64(uint64_t *v, size_t n);
 

@@ -7,6 +7,8 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 
 #include "kvp_test.h"
 
@@ -68,6 +70,24 @@ kvp_test_key_write(const char *path, uint64_t key)
 	if (fclose(f) != 0 || rename(tmp, path) != 0)
 		return -errno;
 	return 0;
+}
+
+int
+kvp_test_parse_ipv4(const char *s, struct sockaddr_in *sa)
+{
+	char host[64];
+	const char *colon = strrchr(s, ':');
+	uint64_t port;
+
+	if (!colon || (size_t)(colon - s) >= sizeof(host) ||
+	    kvp_test_parse_u64(colon + 1, &port) < 0 || port == 0 || port > 65535)
+		return -EINVAL;
+	memcpy(host, s, (size_t)(colon - s));
+	host[colon - s] = '\0';
+	memset(sa, 0, sizeof(*sa));
+	sa->sin_family = AF_INET;
+	sa->sin_port = htons((uint16_t)port);
+	return inet_pton(AF_INET, host, &sa->sin_addr) == 1 ? 0 : -EINVAL;
 }
 
 int

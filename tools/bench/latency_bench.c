@@ -256,23 +256,6 @@ cmd_run(const struct opts *o)
 
 /* ---- the TCP ping-pong reference ---- */
 
-static void
-parse_addr(const char *s, struct sockaddr_in *sa)
-{
-	char host[64];
-	const char *colon = strrchr(s, ':');
-
-	if (!colon || (size_t)(colon - s) >= sizeof(host))
-		die("address '%s': expected IPV4:PORT", s);
-	memcpy(host, s, (size_t)(colon - s));
-	host[colon - s] = '\0';
-	memset(sa, 0, sizeof(*sa));
-	sa->sin_family = AF_INET;
-	sa->sin_port = htons((uint16_t)atoi(colon + 1));
-	if (inet_pton(AF_INET, host, &sa->sin_addr) != 1)
-		die("address '%s': expected IPV4:PORT", s);
-}
-
 static bool
 io_all(int fd, void *buf, size_t len, bool wr)
 {
@@ -309,7 +292,8 @@ cmd_pong(const struct opts *o)
 	int one = 1, lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
 	uint8_t *buf = malloc(o->size), ack[ACK_LEN] = { 0 };
 
-	parse_addr(o->addr, &sa);
+	if (kvp_test_parse_ipv4(o->addr, &sa) < 0)
+		die("address '%s': expected IPV4:PORT", o->addr);
 	if (!buf || lfd < 0)
 		die("socket: %s", strerror(errno));
 	setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
@@ -337,7 +321,8 @@ cmd_ping(const struct opts *o)
 	uint8_t *buf = malloc(o->size), ack[ACK_LEN];
 	int fd = -1;
 
-	parse_addr(o->addr, &sa);
+	if (kvp_test_parse_ipv4(o->addr, &sa) < 0)
+		die("address '%s': expected IPV4:PORT", o->addr);
 	if (!lat || !buf)
 		die("out of memory");
 	memset(buf, 0x5a, o->size);

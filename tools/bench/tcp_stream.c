@@ -100,25 +100,6 @@ advance(struct buf *b, size_t n)
 		b->off = 0;
 }
 
-static void
-parse_addr(const char *s, struct sockaddr_in *sa)
-{
-	char host[64];
-	const char *colon = strrchr(s, ':');
-	uint64_t port;
-
-	if (!colon || (size_t)(colon - s) >= sizeof(host) ||
-	    kvp_test_parse_u64(colon + 1, &port) < 0 || port == 0 || port > 65535)
-		die("address '%s': expected IPV4:PORT", s);
-	memcpy(host, s, (size_t)(colon - s));
-	host[colon - s] = '\0';
-	memset(sa, 0, sizeof(*sa));
-	sa->sin_family = AF_INET;
-	sa->sin_port = htons((uint16_t)port);
-	if (inet_pton(AF_INET, host, &sa->sin_addr) != 1)
-		die("address '%s': expected IPV4:PORT", s);
-}
-
 /* As kvproxyd sets its peer links (peer_hand_over()), plus --cc. */
 static void
 sock_setup(int fd, const struct opts *o)
@@ -164,7 +145,8 @@ cmd_sink(const struct opts *o)
 	struct buf b;
 	int one = 1, lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
 
-	parse_addr(o->addr, &sa);
+	if (kvp_test_parse_ipv4(o->addr, &sa) < 0)
+		die("address '%s': expected IPV4:PORT", o->addr);
 	buf_open(&b, o->span);
 	if (lfd < 0)
 		err(1, "socket");
@@ -224,7 +206,8 @@ connect_retry(const struct opts *o)
 	struct sockaddr_in sa;
 	uint64_t deadline = kvp_test_now_ns() + 10000000000ull;
 
-	parse_addr(o->addr, &sa);
+	if (kvp_test_parse_ipv4(o->addr, &sa) < 0)
+		die("address '%s': expected IPV4:PORT", o->addr);
 	/* The sink may not listen yet. */
 	for (;;) {
 		int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
