@@ -18,10 +18,12 @@
 # the two workers' CPUs, from and into a --size buffer (tcp-stream-SIZE:
 # distinct bytes, kvproxy-bench's footprint) and a 1 MiB one
 # (tcp-stream-1m: iperf3's and UCX's footprint, which stays in the CPU
-# caches); then kvproxy-bench moving --size bytes per segment size and the
-# KV pattern, and per segment size the same bytes again and again (SEG-hot:
-# a region of max(4 MiB, 4 x SEG) sent --size / region times with
-# --rounds: iperf3's footprint). --loopback: both daemons on 127.0.0.1 in
+# caches), and one of each larger SEG-hot footprint (tcp-stream-4m for 4
+# MiB segments); then kvproxy-bench moving --size bytes per segment size
+# and the KV pattern, and per segment size the same bytes again and again
+# (SEG-hot: a region of max(1 MiB, SEG) sent --size / region times with
+# --rounds, 8 transfers in flight over it: iperf3's footprint, and the
+# plain stream of the same span its reference). --loopback: both daemons on 127.0.0.1 in
 # one namespace instead of a veth pair. --cc: the TCP congestion control
 # for everyone (kvproxy's tcp.congestion, iperf3 -C, kvp-tcp-stream --cc;
 # UCX's sockets keep the namespace's default). Best and median of each
@@ -119,6 +121,20 @@ spawn "$NS_D" "$KVP_TMP/sink-hot.log" - taskset -c "$CPU_D" "$STREAM" sink --add
 	--span 1m ${CC:+--cc "$CC"}
 spawn "$NS_D" "$KVP_TMP/sink-cold.log" - taskset -c "$CPU_D" "$STREAM" sink --addr "$ADDR_D:5203" \
 	--span "$SIZE" ${CC:+--cc "$CC"}
+# SEG-hot's region: one segment, at least iperf3's 1 MiB (then 1 MiB / SEG segments per transfer).
+hot_size() { local h=$1; ((h < 1048576)) && h=1048576; echo "$h"; }
+# Plain streams of the SEG-hot footprints above 1 MiB, a sink each (ports 5204 on).
+HOT_SPANS=()
+if ((NO_KV == 0)); then
+	for seg in "${SEGS[@]}"; do
+		h=$(hot_size "$seg")
+		((h == 1048576)) || [[ " ${HOT_SPANS[*]} " == *" $h "* ]] || HOT_SPANS+=("$h")
+	done
+fi
+for i in "${!HOT_SPANS[@]}"; do
+	spawn "$NS_D" "$KVP_TMP/sink-hot$i.log" - taskset -c "$CPU_D" "$STREAM" sink \
+		--addr "$ADDR_D:$((5204 + i))" --span "${HOT_SPANS[$i]}" ${CC:+--cc "$CC"}
+done
 
 # record NAME GBPS BYTES: one sample of a series, BYTES moved while its
 # TCP counters were counted.
@@ -236,8 +252,6 @@ kvp() {
 	record "$name" "$g" "$(json_get "$KVP_TMP/prefill.json" 'd["bytes"]')"
 }
 
-# The hot variant's region: 4 MiB, or 4 segments where those are larger.
-hot_size() { local h=$((4 * $1)); ((h < 4194304)) && h=4194304; echo "$h"; }
 if ((NO_KV == 0)); then
 	for seg in "${SEGS[@]}"; do
 		h=$(hot_size "$seg")
@@ -247,6 +261,7 @@ fi
 
 # Interleaved, so drift on a shared machine hits every series alike.
 names=(iperf3-cpus tcp-stream-1m "$COLD")
+for h in "${HOT_SPANS[@]}"; do names+=("tcp-stream-$(size_name "$h")"); done
 ((NO_KV)) || for seg in "${SEGS[@]}"; do names+=("$seg"); done
 ((NO_KV)) || names+=(kv-64k-pages)
 ((NO_KV)) || for seg in "${SEGS[@]}"; do names+=("$seg-hot"); done
@@ -265,6 +280,9 @@ for ((r = 0; r < REPS; r++)); do
 	fi
 	stream tcp-stream-1m 5202 1m
 	stream "$COLD" 5203 "$SIZE"
+	for i in "${!HOT_SPANS[@]}"; do
+		stream "tcp-stream-$(size_name "${HOT_SPANS[$i]}")" $((5204 + i)) "${HOT_SPANS[$i]}"
+	done
 	((NO_KV)) && continue
 	for seg in "${SEGS[@]}"; do
 		kvp "$seg" "$r" "$seg" "$SIZE" --segs-per-xfer 16
@@ -274,7 +292,7 @@ for ((r = 0; r < REPS; r++)); do
 	# iperf3's footprint: the same few MiB again and again.
 	for seg in "${SEGS[@]}"; do
 		h=$(hot_size "$seg")
-		kvp "$seg-hot" "$r" "$seg" "$h" --segs-per-xfer 16 --rounds $((SIZE / h > 0 ? SIZE / h : 1))
+		kvp "$seg-hot" "$r" "$seg" "$h" --segs-per-xfer $((h / seg)) --rounds $((SIZE / h > 0 ? SIZE / h : 1))
 	done
 done
 
@@ -304,7 +322,14 @@ def footprint(n):
     refs = {"iperf3-cpus": None, "tcp-stream-1m": "iperf3-cpus", cold: "tcp-stream-1m"}
     if n in refs:
         return refs[n]
-    return "tcp-stream-1m" if n.endswith("-hot") or n.startswith("ucx-") else cold
+    if n.endswith("-hot"):  # the plain stream of its region's span (hot_size)
+        return "tcp-stream-" + size_name(max(1 << 20, int(n[:-4])))
+    return "tcp-stream-1m" if n.startswith("tcp-stream-") or n.startswith("ucx-") else cold
+def size_name(b):
+    for shift, unit in ((30, "g"), (20, "m"), (10, "k")):
+        if b % (1 << shift) == 0:
+            return "%d%s" % (b >> shift, unit)
+    return str(b)
 ip1, _ = series("iperf3-P1")
 ipm, _ = series("iperf3-P%d" % links) if links > 1 else (ip1, 0)
 best = {n: max(series(n)[0]) for n in names}
@@ -330,8 +355,9 @@ for n in names:
           (n, b, m, r["ratio"], r["ratio_multi"], "%.2f" % r["ratio_ref"] if ref else "-",
            ref or "-", r["median_ratio"],
            "%.2f" % r["median_ratio_ref"] if ref else "-"))
-print("(ref: kvproxy SEG and kv-64k-pages move distinct bytes: %s; SEG-hot and UCX reuse a few MiB:\n"
-      " tcp-stream-1m; that one against iperf3 -l 1M on the same CPUs, %s against it)" % (cold, cold))
+print("(ref: kvproxy SEG and kv-64k-pages move distinct bytes: %s; SEG-hot resends a region of\n"
+      " max(1 MiB, SEG): the stream of that span; UCX reuses its buffer: tcp-stream-1m; that one against\n"
+      " iperf3 -l 1M on the same CPUs, %s and larger hot spans against it)" % (cold, cold))
 cols = [("TcpRetransSegs", "rtx"), ("TcpExtTCPLossProbes", "TLP"), ("TcpExtTCPFastRetrans", "fast"),
         ("TcpExtTCPSlowStartRetrans", "slowst"), ("TcpExtTCPTimeouts", "RTO"),
         ("TcpExtTCPSpuriousRTOs", "spurRTO"), ("TcpExtTCPLostRetransmit", "lostrtx"),
