@@ -13,7 +13,10 @@ DEST=$1
 B=$(cd "${2:-$(dirname "$0")/../build}" && pwd)
 BINS=(app/kvproxyd tools/kvproxyctl/kvproxyctl tools/bench/kvproxy-bench lib/client/libkvproxy.so)
 [[ -x $B/tests/gpu/gpu_client ]] && BINS+=(tests/gpu/gpu_client)
-[[ -x $B/tools/bench/kvp-stage-copy-bench ]] && BINS+=(tools/bench/kvp-stage-copy-bench)
+# The benchmarks' own tools, where built (tools/bench/*.sh run them).
+for f in tools/bench/kvp-stage-copy-bench tools/bench/kvp-tcp-stream tools/bench/kvp-latency-bench; do
+	[[ -x $B/$f ]] && BINS+=("$f")
+done
 mkdir -p "$DEST/libs"
 for f in "${BINS[@]}"; do
 	mkdir -p "$DEST/build/$(dirname "$f")"

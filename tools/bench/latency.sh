@@ -16,7 +16,8 @@
 #                    where a wake-up costs ~2 us instead of ~20 across CPUs)
 #   ping-pong/cpus   the same, its ends on the two workers' CPUs and polling
 #                    their sockets as the workers do (--spin): the path a
-#                    transfer's bytes take between the two workers
+#                    transfer's bytes take between the two workers (left
+#                    out where the workers poll their CPUs, poll.busy)
 #   kvproxy          kvp-latency-bench run: one transfer (one segment) at a
 #                    time, clients where the scheduler puts them, to a sink
 #                    client on the other node
@@ -92,6 +93,11 @@ log "path: $path; $REPS rounds of $ITERS per size and series"
 CPU_P=$(ctl prefill0 --json stats | python3 -c 'import json,sys; print(json.load(sys.stdin)["workers"][0]["lcore"])')
 CPU_D=$(ctl decode0 --json stats | python3 -c 'import json,sys; print(json.load(sys.stdin)["workers"][0]["lcore"])')
 log "worker CPUs: prefill0 $CPU_P, decode0 $CPU_D"
+# Workers that never sleep (poll.busy, or cores = "auto" choosing it) own
+# their CPUs: a spinning ping-pong pinned there would only fight them for
+# time slices (4-8 ms turns), so that series is left out.
+BUSY=$(ctl prefill0 --json config_get poll.busy | python3 -c 'import json,sys; print(int(json.load(sys.stdin)["value"]))')
+((BUSY == 0)) || log "poll.busy: the workers poll their CPUs; no ping-pong/cpus series"
 
 spawn "$NS_D" "$KVP_TMP/pong.log" - "$LAT" pong --addr "$DEC_ADDR:5301" --size 1
 PONG1=$SPAWNED
@@ -104,27 +110,32 @@ for size in "${SIZES[@]}"; do
 	port=$((5400 + size % 997))
 	spawn "$NS_D" "$KVP_TMP/pong.$size.log" - "$LAT" pong --addr "$DEC_ADDR:$port" --size "$size"
 	PONG=$SPAWNED
-	spawn "$NS_D" "$KVP_TMP/pongc.$size.log" - taskset -c "$CPU_D" "$LAT" pong \
-		--addr "$DEC_ADDR:$((port + 1))" --size "$size" --spin
-	PONGC=$SPAWNED
+	PONGC=
+	if ((BUSY == 0)); then
+		spawn "$NS_D" "$KVP_TMP/pongc.$size.log" - taskset -c "$CPU_D" "$LAT" pong \
+			--addr "$DEC_ADDR:$((port + 1))" --size "$size" --spin
+		PONGC=$SPAWNED
+	fi
 	for ((r = 0; r < REPS; r++)); do
 		in_ns "$NS_P" "$LAT" ping --addr "$DEC_ADDR:$port" --size "$size" \
 			--iters "$ITERS" --warmup 200 --samples "$KVP_TMP/pp.$size.$r" --json \
 			>"$KVP_TMP/pp.$size.$r.json" || fail "ping-pong $size failed"
-		in_ns "$NS_P" taskset -c "$CPU_P" "$LAT" ping --addr "$DEC_ADDR:$((port + 1))" \
-			--size "$size" --iters "$ITERS" --warmup 200 --spin --samples "$KVP_TMP/ppc.$size.$r" \
-			--json >"$KVP_TMP/ppc.$size.$r.json" || fail "ping-pong/cpus $size failed"
+		((BUSY)) ||
+			in_ns "$NS_P" taskset -c "$CPU_P" "$LAT" ping --addr "$DEC_ADDR:$((port + 1))" \
+				--size "$size" --iters "$ITERS" --warmup 200 --spin \
+				--samples "$KVP_TMP/ppc.$size.$r" --json >"$KVP_TMP/ppc.$size.$r.json" ||
+			fail "ping-pong/cpus $size failed"
 		in_ns "$NS_P" "$LAT" run -s "$(sock_of prefill0)" --peer decode0 \
 			--key-file "$KVP_TMP/key.$size" --size "$size" --iters "$ITERS" --warmup 200 \
 			--samples "$KVP_TMP/kvp.$size.$r" --json >"$KVP_TMP/kvp.$size.$r.json" ||
 			fail "kvproxy run $size failed"
 		log "size $size round $r (p50 us): ping-pong $(json_get "$KVP_TMP/pp.$size.$r.json" 'd["latency"]["p50_us"]')," \
-			"ping-pong/cpus $(json_get "$KVP_TMP/ppc.$size.$r.json" 'd["latency"]["p50_us"]')," \
+			"ping-pong/cpus $( ((BUSY)) && echo - || json_get "$KVP_TMP/ppc.$size.$r.json" 'd["latency"]["p50_us"]')," \
 			"kvproxy $(json_get "$KVP_TMP/kvp.$size.$r.json" 'd["latency"]["p50_us"]')"
 	done
 	touch "$KVP_TMP/stop.$size"
 	wait_pid "$SINK" 30 || fail "sink client ($size) failed"
-	for p in "$PONG" "$PONGC"; do
+	for p in "$PONG" $PONGC; do
 		stop_pid "$p" 5 >/dev/null 2>&1 || true
 		untrack "$p"
 	done
@@ -133,9 +144,10 @@ stop_pid "$PONG1" 5 >/dev/null 2>&1 || true
 untrack "$PONG1"
 stats_json prefill0 >"$KVP_TMP/prefill.stats"
 
-python3 - "$KVP_TMP" "$REPS" "$JSON_OUT" "$PNG_OUT" "$path" "${SIZES[@]}" <<'PY'
+python3 - "$KVP_TMP" "$REPS" "$JSON_OUT" "$PNG_OUT" "$path" "$BUSY" "${SIZES[@]}" <<'PY'
 import json, sys
-tmp, reps, out, png, path, sizes = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5], sys.argv[6:]
+tmp, reps, out, png, path, busy, sizes = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5], sys.argv[6] == "1", sys.argv[7:]
+KINDS = (("pp", "pingpong"),) + ((("ppc", "pingpong_cpus"),) if not busy else ()) + (("kvp", "kvproxy"),)
 def samples(kind, size):
     v = []
     for r in range(reps):
@@ -154,17 +166,20 @@ stats = json.load(open("%s/prefill.stats" % tmp))
 QS = (("p50", .5), ("p99", .99), ("p999", .999))
 for s in sizes:
     row = {"size": int(s)}
-    for kind, name in (("pp", "pingpong"), ("ppc", "pingpong_cpus"), ("kvp", "kvproxy")):
+    for kind, name in KINDS:
         v = samples(kind, s)
         row[name] = {k: q(v, p) for k, p in QS}
     row["ratio"] = {k: row["kvproxy"][k] / row["pingpong"][k] for k, _ in QS}
-    row["ratio_cpus"] = {k: row["kvproxy"][k] / row["pingpong_cpus"][k] for k, _ in QS}
+    if not busy:
+        row["ratio_cpus"] = {k: row["kvproxy"][k] / row["pingpong_cpus"][k] for k, _ in QS}
     row["phases_p50_us"] = {k: med(k, s) for k in ("queue", "admit", "first", "post", "wire", "deliver", "e2e", "client_wake")}
     res["sizes"].append(row)
     print("%-8s %-15s %8.1f %8.1f %8.1f" % (s, "ping-pong", *row["pingpong"].values()))
-    print("%-8s %-15s %8.1f %8.1f %8.1f" % (s, "ping-pong/cpus", *row["pingpong_cpus"].values()))
-    print("%-8s %-15s %8.1f %8.1f %8.1f   p50 %.2fx p99 %.2fx p99.9 %.2fx (/cpus: %.2fx %.2fx %.2fx)" %
-          (s, "kvproxy", *row["kvproxy"].values(), *row["ratio"].values(), *row["ratio_cpus"].values()))
+    if not busy:
+        print("%-8s %-15s %8.1f %8.1f %8.1f" % (s, "ping-pong/cpus", *row["pingpong_cpus"].values()))
+    print("%-8s %-15s %8.1f %8.1f %8.1f   p50 %.2fx p99 %.2fx p99.9 %.2fx" %
+          (s, "kvproxy", *row["kvproxy"].values(), *row["ratio"].values()) +
+          ("" if busy else " (/cpus: %.2fx %.2fx %.2fx)" % tuple(row["ratio_cpus"].values())))
     print("%-8s %-15s %s" % ("", "phases (p50)", "  ".join("%s %.1f" % kv for kv in row["phases_p50_us"].items())))
 print("prefill0 worker sleeps: %s" % [w["sleeps"] for w in stats["workers"]])
 if out:
@@ -179,7 +194,9 @@ if png:
         sys.exit(0)
     fig, axes = plt.subplots(1, len(sizes), figsize=(5 * len(sizes), 4))
     for ax, s in zip(axes if len(sizes) > 1 else [axes], sizes):
-        for kind, label in (("pp", "TCP ping-pong"), ("ppc", "TCP ping-pong, workers' CPUs, polling"), ("kvp", "kvproxy")):
+        labels = {"pp": "TCP ping-pong", "ppc": "TCP ping-pong, workers' CPUs, polling", "kvp": "kvproxy"}
+        for kind, _ in KINDS:
+            label = labels[kind]
             v = [x / 1e3 for x in samples(kind, s)]
             ax.plot(v, [(i + 1) / len(v) for i in range(len(v))], label=label)
         ax.set_xscale("log")

@@ -78,7 +78,6 @@ init_test
 # CPU. The decode daemon's main lcore goes to CPU 1 so its worker runs on 0,
 # as two hosts would have it (override with KVP_EAL_DECODE).
 export KVP_EAL_DECODE=${KVP_EAL_DECODE---main-lcore 1}
-log "lcores: prefill0 ${KVP_EAL[*]:0:2} (worker on CPU 1), decode0 the same with $KVP_EAL_DECODE (worker on CPU 0)"
 [[ -z $CC ]] || EXTRA_CONF="$EXTRA_CONF tcp = { congestion = \"$CC\"; };"
 if ((LOOPBACK)); then
 	NS_P="kvp-bench-tcp-$$"
