@@ -78,7 +78,12 @@ init_test
 # CPU. The decode daemon's main lcore goes to CPU 1 so its worker runs on 0,
 # as two hosts would have it (override with KVP_EAL_DECODE).
 export KVP_EAL_DECODE=${KVP_EAL_DECODE---main-lcore 1}
-[[ -z $CC ]] || EXTRA_CONF="$EXTRA_CONF tcp = { congestion = \"$CC\"; };"
+# --cc joins a tcp group that --conf has (libconfig refuses a second one).
+if [[ -n $CC && $EXTRA_CONF == *"tcp = {"* ]]; then
+	EXTRA_CONF=${EXTRA_CONF/tcp = \{/tcp = \{ congestion = \"$CC\";}
+elif [[ -n $CC ]]; then
+	EXTRA_CONF="$EXTRA_CONF tcp = { congestion = \"$CC\"; };"
+fi
 if ((LOOPBACK)); then
 	NS_P="kvp-bench-tcp-$$"
 	ip netns add "$NS_P" || setup_fail "ip netns add"
