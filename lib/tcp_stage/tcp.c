@@ -228,8 +228,9 @@ tcp_attach(void *tctx, uint16_t peer, uint8_t link, int fd, bool outgoing, uint6
 	c->fd = fd;
 	c->epoch = epoch;
 	c->ops = 0;
-	c->tx_done = c->tx_head = c->tx_tail = 0;
+	c->tx_zc = c->tx_done = c->tx_head = c->tx_tail = 0;
 	c->tx_partial = 0;
+	c->zc_head = c->zc_tail = 0;
 	c->send_busy = c->recv_busy = c->recv_next = false;
 	c->pend_head = c->pend_tail = NULL;
 	c->unsent = 0;
@@ -332,6 +333,20 @@ tcp_conn_fail(struct tcp_ctx *t, struct tcp_conn *c, const char *why)
 	c->state = CONN_CLOSING;
 	/* Makes the in-flight send and recv return so the slot can drain. */
 	shutdown(c->fd, SHUT_RDWR);
+	/*
+	 * SENDMSG_ZC notifications come once the peer has ACKed the bytes,
+	 * which a dead peer or a downed link never does: the slot would not
+	 * drain until TCP gave up (minutes). connect(AF_UNSPEC) aborts the
+	 * connection instead (RST, queues dropped): the kernel lets go of the
+	 * pages now, and none of their bytes can still leave later.
+	 */
+	if (t->zerocopy && (c->send_busy || c->zc_head != c->zc_tail)) {
+		struct sockaddr sa = { .sa_family = AF_UNSPEC };
+
+		if (connect(c->fd, &sa, sizeof(sa)) < 0)
+			KVP_LOG_RL(WARNING, tcp, "worker %u: link %u: abort for zero-copy sends: %s",
+				   t->w->idx, c->link, strerror(errno));
+	}
 	kvp_worker_conn_down(t->w, c->peer, c->link, c->outgoing, why);
 	if (c->slot == 0)
 		kvp_pchan_conn(t->w, c->peer, c->outgoing, false);
@@ -350,15 +365,17 @@ handle_cqe(struct tcp_ctx *t, const struct io_uring_cqe *cqe)
 	struct tcp_conn *c = &t->conns[id];
 	if (op == UOP_SEND && (cqe->flags & IORING_CQE_F_MORE)) {
 		/*
-		 * SENDMSG_ZC's result: the pages stay in use until the
-		 * notification, so the frames complete only then.
+		 * SENDMSG_ZC's result: the bytes are the socket's (the next
+		 * send may go), their memory the kernel's until the notification.
 		 */
-		c->zc_res = cqe->res;
+		tcp_send_done(t, c, cqe->res, true);
 		return;
 	}
 	c->ops--;
-	if (op == UOP_SEND)
-		tcp_send_done(t, c, (cqe->flags & IORING_CQE_F_NOTIF) ? c->zc_res : cqe->res);
+	if (op == UOP_SEND && (cqe->flags & IORING_CQE_F_NOTIF))
+		tcp_zc_notif(t, c, (uint32_t)(cqe->user_data >> 40));
+	else if (op == UOP_SEND)
+		tcp_send_done(t, c, cqe->res, false);
 	else if (op == UOP_RECV || op == UOP_RECV_NEXT)
 		tcp_recv_done(t, c, cqe->res, op == UOP_RECV_NEXT);
 	if (c->state == CONN_CLOSING && c->ops == 0)
@@ -395,7 +412,8 @@ liveness(struct tcp_ctx *t, uint64_t now)
 			snprintf(why, sizeof(why), "peer silent for %" PRIu64 " ms",
 				 (now - c->last_rx_ns) / 1000000);
 			tcp_conn_fail(t, c, why);
-		} else if (c->send_busy && now - c->send_ok_ns > t->peer_ns) {
+		} else if ((c->send_busy || c->zc_head != c->zc_tail) &&
+			   now - c->send_ok_ns > t->peer_ns) {
 			snprintf(why, sizeof(why), "send stalled for %" PRIu64 " ms",
 				 (now - c->send_ok_ns) / 1000000);
 			tcp_conn_fail(t, c, why);

@@ -26,6 +26,13 @@
 #define NO_XFER		UINT32_MAX
 /* Strided source blocks at least this large go out by iovec; smaller ones are copied together. */
 #define GATHER_IOV_MIN (4u << 10)
+/*
+ * SENDMSG_ZC sends per connection whose notification is still to come
+ * (a power of two): each waits for the peer's ACK of its bytes, so one at
+ * a time made every gather a round trip (and on loopback a delayed ACK:
+ * 2 Gbit/s with 4 MiB transfers).
+ */
+#define ZC_SENDS 8
 
 enum conn_state {
 	CONN_FREE = 0,
@@ -131,15 +138,27 @@ struct tcp_conn {
 	uint64_t send_ok_ns;   /* the in-flight send last made progress */
 	uint32_t retrans_seen; /* tcpi_total_retrans already counted */
 
-	/* Send side: frames [tx_done, tx_tail) are queued; [tx_done, tx_head) are in flight. */
+	/*
+	 * Send side: frames [tx_done, tx_tail) are queued; [tx_done, tx_head)
+	 * are in flight. With SENDMSG_ZC, [tx_zc, tx_done) are sent but their
+	 * memory (headers in txq, payloads) is the kernel's until the
+	 * notifications of the sends that carried them, which come only once
+	 * the peer has ACKed those bytes: the next send does not wait for them.
+	 */
 	struct tx_frame *txq;
 	uint32_t txq_mask;
+	uint32_t tx_zc;
 	uint32_t tx_done;
 	uint32_t tx_head;
 	uint32_t tx_tail;
 	uint32_t tx_partial; /* bytes of frame tx_done already sent */
 	bool send_busy;
-	int32_t zc_res; /* SENDMSG_ZC: result held until its notification arrives */
+	uint32_t zc_head; /* zc[]: SENDMSG_ZC sends waiting for their notification, in send order */
+	uint32_t zc_tail;
+	struct {
+		uint32_t end; /* tx_done after that send: its frames are the ones before */
+		bool done;    /* its notification came (they may come out of order) */
+	} zc[ZC_SENDS];
 	struct iovec *iov;
 	struct msghdr msg;
 	struct kvp_xfer *pend_head; /* transfers still being framed */
@@ -233,6 +252,7 @@ tcp_sqe(struct tcp_ctx *t)
 	return sqe;
 }
 
+/* user_data: op in bits 0-7, the connection in 8-39, a SENDMSG_ZC send's zc[] sequence above. */
 static inline uint64_t
 tcp_udata(const struct tcp_conn *c, enum uop op)
 {
@@ -248,7 +268,7 @@ conn_index(const struct tcp_ctx *t, uint16_t peer, uint32_t slot, bool outgoing)
 static inline uint32_t
 txq_used(const struct tcp_conn *c)
 {
-	return c->tx_tail - c->tx_done;
+	return c->tx_tail - c->tx_zc;
 }
 
 static inline uint32_t
@@ -277,7 +297,8 @@ bool tcp_queue_ctrl(struct tcp_conn *c, uint8_t type, uint64_t tag, uint64_t aux
 bool tcp_queue_frame(struct tcp_conn *c, const struct kvp_wire_hdr *h, const void *payload);
 int tcp_fill_tx(struct tcp_ctx *t, struct tcp_conn *c);
 int tcp_start_send(struct tcp_ctx *t, struct tcp_conn *c);
-void tcp_send_done(struct tcp_ctx *t, struct tcp_conn *c, int res);
+void tcp_send_done(struct tcp_ctx *t, struct tcp_conn *c, int res, bool zc_held);
+void tcp_zc_notif(struct tcp_ctx *t, struct tcp_conn *c, uint32_t seq);
 void tcp_tx_cancel(struct tcp_ctx *t, struct tcp_conn *c, struct kvp_xfer *x, int status);
 void tcp_tx_reset(struct tcp_ctx *t, struct tcp_conn *c);
 void tcp_tx_admission(struct tcp_ctx *t, struct tcp_conn *c, uint64_t now);

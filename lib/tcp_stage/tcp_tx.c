@@ -316,11 +316,11 @@ tcp_fill_tx(struct tcp_ctx *t, struct tcp_conn *c)
 	return work;
 }
 
+/* Frame @p f is the socket's now: counted as sent, and framing may run ahead again. */
 static void
-frame_sent(struct tcp_ctx *t, struct tcp_conn *c, struct tx_frame *f, uint64_t now)
+frame_wire(struct tcp_ctx *t, struct tcp_conn *c, const struct tx_frame *f)
 {
-	struct kvp_worker *w = t->w;
-	struct kvp_peer_stats *ps = &w->stats.peer[c->peer];
+	struct kvp_peer_stats *ps = &t->w->stats.peer[c->peer];
 
 	if (is_data(f->hdr.type)) {
 		c->unsent -= f->hdr.len;
@@ -329,6 +329,14 @@ frame_sent(struct tcp_ctx *t, struct tcp_conn *c, struct tx_frame *f, uint64_t n
 		KVP_STAT_ADD(ps->link_tx_bytes[c->link], f->hdr.len);
 	}
 	KVP_STAT_ADD(ps->tx_frames, 1);
+}
+
+/* The kernel is done with frame @p f's memory: its staging buffer goes back, its transfer moves on. */
+static void
+frame_release(struct tcp_ctx *t, struct tx_frame *f, uint64_t now)
+{
+	struct kvp_worker *w = t->w;
+
 	frame_unstage(t, f);
 	if (f->xfer == NO_XFER)
 		return;
@@ -365,7 +373,8 @@ tcp_start_send(struct tcp_ctx *t, struct tcp_conn *c)
 {
 	uint32_t i = c->tx_done, niov = 0;
 
-	if (c->send_busy || c->state != CONN_UP || i == c->tx_tail)
+	if (c->send_busy || c->state != CONN_UP || i == c->tx_tail ||
+	    (t->zerocopy && c->zc_tail - c->zc_head == ZC_SENDS))
 		return 0;
 	uint64_t bytes = 0;
 
@@ -401,11 +410,14 @@ tcp_start_send(struct tcp_ctx *t, struct tcp_conn *c)
 	c->msg.msg_iov = c->iov;
 	c->msg.msg_iovlen = niov;
 	/* No WAITALL: a partial send comes back, so a stuck peer is visible as no progress. */
-	if (t->zerocopy)
+	if (t->zerocopy) {
+		/* Its notification names it by the zc[] sequence its result will take. */
 		io_uring_prep_sendmsg_zc(sqe, c->fd, &c->msg, MSG_NOSIGNAL);
-	else
+		io_uring_sqe_set_data64(sqe, tcp_udata(c, UOP_SEND) | (uint64_t)c->zc_tail << 40);
+	} else {
 		io_uring_prep_sendmsg(sqe, c->fd, &c->msg, MSG_NOSIGNAL);
-	io_uring_sqe_set_data64(sqe, tcp_udata(c, UOP_SEND));
+		io_uring_sqe_set_data64(sqe, tcp_udata(c, UOP_SEND));
+	}
 	c->tx_head = i;
 	c->send_busy = true;
 	c->send_ok_ns = c->last_tx_ns = kvp_mono_ns();
@@ -413,8 +425,13 @@ tcp_start_send(struct tcp_ctx *t, struct tcp_conn *c)
 	return 1;
 }
 
+/*
+ * The send in flight took @p res bytes. @p zc_held: a SENDMSG_ZC whose
+ * notification is to come; its whole frames are released then
+ * (tcp_zc_notif()), the others now.
+ */
 void
-tcp_send_done(struct tcp_ctx *t, struct tcp_conn *c, int res)
+tcp_send_done(struct tcp_ctx *t, struct tcp_conn *c, int res, bool zc_held)
 {
 	c->send_busy = false;
 	if (c->state != CONN_UP)
@@ -437,10 +454,50 @@ tcp_send_done(struct tcp_ctx *t, struct tcp_conn *c, int res)
 		left -= need;
 		c->tx_partial = 0;
 		c->tx_done++;
-		frame_sent(t, c, f, now);
+		frame_wire(t, c, f);
 	}
 	/* Whatever was not taken goes out again from tx_done. */
 	c->tx_head = c->tx_done;
+	if (zc_held) {
+		uint32_t k = c->zc_tail++ & (ZC_SENDS - 1);
+
+		c->zc[k].end = c->tx_done;
+		c->zc[k].done = false;
+		return;
+	}
+	/* Nothing held: released at once, after any earlier ZC sends' frames. */
+	if (c->zc_head == c->zc_tail)
+		for (; c->tx_zc != c->tx_done; c->tx_zc++)
+			frame_release(t, frame_at(c, c->tx_zc), now);
+}
+
+/*
+ * The notification of ZC send @p seq: the kernel let go of its memory.
+ * Frames are released in send order, once every earlier send's notice is
+ * in too (a partly sent frame belongs to the send that finished it).
+ */
+void
+tcp_zc_notif(struct tcp_ctx *t, struct tcp_conn *c, uint32_t seq)
+{
+	uint64_t now = kvp_mono_ns();
+
+	c->send_ok_ns = now;
+	/* seq is the low 24 bits of the sequence (tcp_start_send()). */
+	if (((seq - c->zc_head) & 0xffffffu) < c->zc_tail - c->zc_head)
+		c->zc[seq & (ZC_SENDS - 1)].done = true;
+	while (c->zc_head != c->zc_tail && c->zc[c->zc_head & (ZC_SENDS - 1)].done) {
+		uint32_t end = c->zc[c->zc_head++ & (ZC_SENDS - 1)].end;
+
+		/* Closing: tcp_tx_reset() gives the buffers back; the transfers end with the link. */
+		for (; c->state == CONN_UP && c->tx_zc != end; c->tx_zc++)
+			frame_release(t, frame_at(c, c->tx_zc), now);
+	}
+	if (c->state != CONN_UP)
+		return;
+	/* The sends after the last ZC one were not held: theirs go now too. */
+	if (c->zc_head == c->zc_tail)
+		for (; c->tx_zc != c->tx_done; c->tx_zc++)
+			frame_release(t, frame_at(c, c->tx_zc), now);
 }
 
 void
@@ -518,10 +575,11 @@ tcp_tx_cancel(struct tcp_ctx *t, struct tcp_conn *c, struct kvp_xfer *x, int sta
 void
 tcp_tx_reset(struct tcp_ctx *t, struct tcp_conn *c)
 {
-	for (uint32_t i = c->tx_done; i != c->tx_tail; i++)
+	for (uint32_t i = c->tx_zc; i != c->tx_tail; i++)
 		frame_unstage(t, frame_at(c, i));
-	c->tx_done = c->tx_head = c->tx_tail = 0;
+	c->tx_zc = c->tx_done = c->tx_head = c->tx_tail = 0;
 	c->tx_partial = 0;
+	c->zc_head = c->zc_tail = 0;
 	c->send_busy = false;
 	c->pend_head = c->pend_tail = NULL;
 	c->unsent = 0;

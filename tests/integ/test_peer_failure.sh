@@ -4,7 +4,8 @@
 # its link goes down in the middle of large transfers, every transfer on the
 # prefill side ends with a peer error within the peer timeout (plus slack),
 # long before its 30 s deadline; nothing stays in flight; and once the peer
-# is back, transfers succeed again.
+# is back, transfers succeed again. Argument "zerocopy": with tcp.zerocopy,
+# where sent frames wait for the kernel's notifications when the link dies.
 set -euo pipefail
 # shellcheck source-path=SCRIPTDIR source=lib.sh
 . "$(dirname "$0")/lib.sh"
@@ -15,8 +16,13 @@ SLACK_S=4 # scheduling slack on a loaded 2-core machine
 
 require_netns
 require_bins
+case ${1:-} in
+"") CONF="" ;;
+zerocopy) CONF='tcp = { zerocopy = true; };' KVP_TEST=${KVP_TEST}_zerocopy ;;
+*) setup_fail "unknown variant '$1' (none or zerocopy)" ;;
+esac
 init_test
-start_pair 21
+start_pair 21 "$CONF"
 # Slow the link so the transfers are certainly in flight when the fault hits.
 ip netns exec "$NS_P" tc qdisc add dev "$VETH_P" root tbf rate 400mbit burst 256kb latency 100ms ||
 	setup_fail "tc tbf is needed to keep transfers in flight"

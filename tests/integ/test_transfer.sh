@@ -6,6 +6,8 @@
 # kvproxy-bench --rounds 3 (16 MiB sent three times, verified). With
 # several workers (KVP_WORKERS) the decode client sits on worker 1 while the
 # bytes land through worker 0's links: every landing notice crosses.
+# Argument "zerocopy": the same with tcp.zerocopy (SENDMSG_ZC: frames are
+# released only at the kernel's notifications, several sends outstanding).
 set -euo pipefail
 # shellcheck source-path=SCRIPTDIR source=lib.sh
 . "$(dirname "$0")/lib.sh"
@@ -15,8 +17,15 @@ SEED=${KVP_SEED:-$RANDOM}
 
 require_netns
 require_bins
+case ${1:-} in
+"") CONF="" ;;
+zerocopy) CONF='tcp = { zerocopy = true; };' KVP_TEST=${KVP_TEST}_zerocopy ;;
+*) setup_fail "unknown variant '$1' (none or zerocopy)" ;;
+esac
 init_test
-start_pair 11
+start_pair 11 "$CONF"
+[[ -z $CONF ]] || [[ $(ctl prefill0 --json config_get tcp.zerocopy | python3 -c 'import json,sys; print(json.load(sys.stdin)["value"])') == True ]] ||
+	fail "prefill0 does not run with tcp.zerocopy"
 
 occupy_worker0 decode0 "$NS_D"
 KEY="$KVP_TMP/decode.key"
