@@ -153,7 +153,7 @@ uint64_t stats_get(const struct kvp_node *n, const char *sect, const char *key);
 
 /* ---- the modules, put together by node.c ---- */
 
-/* client_srv.c */
+/* client_srv.c: the client socket's connections (its requests: client_req.c, client_req.h) */
 int client_srv_init(struct kvp_node *n);
 void kvp_client_accept(struct kvp_node *n);
 /** Watch the client listener again after a pause for want of file descriptors. */
