@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
- * Fuzz target: the client socket protocol of kvproxyd (client_srv.c:
+ * Fuzz target: the client socket protocol of kvproxyd (client_srv.c, client_req.c:
  * HELLO, REG with an fd, DEREG, PEER_LOOKUP; fixed 256-byte requests), the
  * surface every local process that can reach the client socket touches.
  *
