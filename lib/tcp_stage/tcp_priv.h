@@ -33,6 +33,8 @@
  * 2 Gbit/s with 4 MiB transfers).
  */
 #define ZC_SENDS 8
+/* Smaller gathers (ACKs, control frames, small payloads) are copied: pinning costs more (msg_zerocopy.rst: ~10 KB). */
+#define ZC_MIN_BYTES (16u << 10)
 
 enum conn_state {
 	CONN_FREE = 0,

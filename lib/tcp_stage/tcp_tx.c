@@ -373,8 +373,7 @@ tcp_start_send(struct tcp_ctx *t, struct tcp_conn *c)
 {
 	uint32_t i = c->tx_done, niov = 0;
 
-	if (c->send_busy || c->state != CONN_UP || i == c->tx_tail ||
-	    (t->zerocopy && c->zc_tail - c->zc_head == ZC_SENDS))
+	if (c->send_busy || c->state != CONN_UP || i == c->tx_tail)
 		return 0;
 	uint64_t bytes = 0;
 
@@ -403,6 +402,10 @@ tcp_start_send(struct tcp_ctx *t, struct tcp_conn *c)
 		bytes += frame_bytes(f);
 		i++;
 	}
+	bool zc = t->zerocopy && bytes >= ZC_MIN_BYTES;
+
+	if (zc && c->zc_tail - c->zc_head == ZC_SENDS)
+		return 0; /* the oldest notifications first */
 	struct io_uring_sqe *sqe = tcp_sqe(t);
 	if (!sqe)
 		return 0;
@@ -410,7 +413,7 @@ tcp_start_send(struct tcp_ctx *t, struct tcp_conn *c)
 	c->msg.msg_iov = c->iov;
 	c->msg.msg_iovlen = niov;
 	/* No WAITALL: a partial send comes back, so a stuck peer is visible as no progress. */
-	if (t->zerocopy) {
+	if (zc) {
 		/* Its notification names it by the zc[] sequence its result will take. */
 		io_uring_prep_sendmsg_zc(sqe, c->fd, &c->msg, MSG_NOSIGNAL);
 		io_uring_sqe_set_data64(sqe, tcp_udata(c, UOP_SEND) | (uint64_t)c->zc_tail << 40);

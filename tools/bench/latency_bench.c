@@ -126,15 +126,12 @@ cmd_sink(const struct opts *o)
 	struct kvp_cqe cqes[64];
 	struct side s;
 	uint64_t landed = 0, deadline = kvp_test_now_ns() + (uint64_t)(o->timeout_s * 1e9);
-	char tmp[4096];
-	FILE *f;
+	int rc;
 
 	side_open(&s, o);
-	snprintf(tmp, sizeof(tmp), "%s.tmp", o->key_file);
-	f = fopen(tmp, "w");
-	if (!f || fprintf(f, "0x%016" PRIx64 "\n", s.key) < 0 || fclose(f) != 0 ||
-	    rename(tmp, o->key_file) != 0)
-		die("key file %s: %s", o->key_file, strerror(errno));
+	rc = kvp_test_key_write(o->key_file, s.key);
+	if (rc < 0)
+		die("key file %s: %s", o->key_file, strerror(-rc));
 	while (kvp_test_now_ns() < deadline && !(o->stop_file && access(o->stop_file, F_OK) == 0)) {
 		int n = kvp_wait(s.c, cqes, 64, 100);
 
@@ -152,18 +149,13 @@ cmd_sink(const struct opts *o)
 static uint64_t
 key_read(const char *path, double wait_s)
 {
-	uint64_t deadline = kvp_test_now_ns() + (uint64_t)(wait_s * 1e9), key = 0;
-	FILE *f;
+	uint64_t key;
+	int rc = kvp_test_key_read(path, wait_s, &key);
 
-	/* Set-up only: the key comes from another process with no event to wait on. */
-	while (!(f = fopen(path, "r"))) {
-		if (errno != ENOENT || kvp_test_now_ns() > deadline)
-			die("key file %s: %s", path, errno == ENOENT ? "timed out" : strerror(errno));
-		nanosleep(&(struct timespec){ .tv_nsec = 20000000 }, NULL);
-	}
-	if (fscanf(f, "%" SCNx64, &key) != 1)
+	if (rc == -EBADMSG)
 		die("key file %s: not a key", path);
-	fclose(f);
+	if (rc < 0)
+		die("key file %s: %s", path, rc == -ETIMEDOUT ? "timed out" : strerror(-rc));
 	return key;
 }
 
