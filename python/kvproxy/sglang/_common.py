@@ -33,6 +33,11 @@ FENCE_MASK = ~PIECE_MAX & ((1 << 64) - 1)
 # Version of the messages on the manager-to-manager channel (3: several
 # prefill ranks per decode rank and the other way round, state components).
 PROTO_VERSION = 3
+# What the decode side assumes of the prefill side's transfer deadline when
+# KVPROXY_TRANSFER_TIMEOUT is not set (kvproxyd's shipped timeouts.default_ms),
+# and the slack it adds before trusting that a request's data can no longer land.
+DEFAULT_TRANSFER_TIMEOUT = 30.0
+LAND_SLACK = 2.0
 
 
 class KVPoll(enum.IntEnum):

@@ -24,7 +24,14 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 from .._client import Completion
 from .._errors import KvproxyError, RingFull
-from ._common import FENCE_MASK, PIECE_BITS, PROTO_VERSION, KVPoll
+from ._common import (
+    DEFAULT_TRANSFER_TIMEOUT,
+    FENCE_MASK,
+    LAND_SLACK,
+    PIECE_BITS,
+    PROTO_VERSION,
+    KVPoll,
+)
 from .bootstrap import PrefillInfo, RegistryError, registry_call
 from .channel import DEAD_PEER_S, Channel, Conn
 from .layout import LayoutError, build_plan, check_tp_sizes, source_ranks
@@ -37,11 +44,6 @@ __all__ = ["DecodeSide"]
 
 log = logging.getLogger("kvproxy.sglang")
 
-# What the decode side assumes of the prefill side's transfer deadline when
-# KVPROXY_TRANSFER_TIMEOUT is not set (kvproxyd's shipped timeouts.default_ms),
-# and the slack it adds before trusting that a request's data can no longer land.
-_DEFAULT_TRANSFER_TIMEOUT = 30.0
-_LAND_SLACK = 2.0
 _ROUTE_TIMEOUT = 2.0
 
 
@@ -219,7 +221,7 @@ class DecodeSide:
         # (at most DEAD_PEER_S for a dead peer), and each transfer it already
         # submitted ends by its deadline.
         cfg = self.mgr.config
-        hold = DEAD_PEER_S + (cfg.transfer_timeout or _DEFAULT_TRANSFER_TIMEOUT) + _LAND_SLACK
+        hold = DEAD_PEER_S + (cfg.transfer_timeout or DEFAULT_TRANSFER_TIMEOUT) + LAND_SLACK
         try:
             self.mgr.client.fence(r.tag << PIECE_BITS, FENCE_MASK, r._fence_id, hold=hold)
             r._fence_retry = False

@@ -31,10 +31,19 @@ import time
 from typing import Any, Dict, List, Optional, Tuple
 
 from .._client import Completion
-from ._common import FINAL, PROTO_VERSION, TAG_BITS, KVPoll, RequestBase, int_list, runs
+from ._common import (
+    DEFAULT_TRANSFER_TIMEOUT,
+    FINAL,
+    LAND_SLACK,
+    PROTO_VERSION,
+    TAG_BITS,
+    KVPoll,
+    RequestBase,
+    int_list,
+    runs,
+)
 from .bootstrap import RegistryError
 from .channel import Conn
-from .decode import _DEFAULT_TRANSFER_TIMEOUT, _LAND_SLACK
 from .layout import LayoutError, check_coverage
 
 __all__ = ["KvproxyKVReceiver"]
@@ -192,7 +201,7 @@ class KvproxyKVReceiver(RequestBase):
             counts = [len(x or []) for x in sidx]
             self._expected = sum(src.conn.data["plan"].bytes(len(pages), self._aux_index is not None, counts)
                                  for src in self._srcs)
-            xfer_s = mgr.config.transfer_timeout or _DEFAULT_TRANSFER_TIMEOUT
+            xfer_s = mgr.config.transfer_timeout or DEFAULT_TRANSFER_TIMEOUT
             self._land_within = mgr.config.waiting_timeout + xfer_s
             regions = mgr._regions_layout()
             meta = {
@@ -304,7 +313,7 @@ class KvproxyKVReceiver(RequestBase):
         """Without a fence: ended once the prefill side said its transfers
         ended, or once the last moment one could land passed."""
         if self._ending is not None and self._fallback and (
-                self._prefill_done or (self._t_meta is not None and now > self._t_meta + self._land_within + _LAND_SLACK)):
+                self._prefill_done or (self._t_meta is not None and now > self._t_meta + self._land_within + LAND_SLACK)):
             self._end_locked()
 
     def _wait_ended_locked(self) -> None:
@@ -314,7 +323,7 @@ class KvproxyKVReceiver(RequestBase):
             return
         if self._fallback:
             assert self._t_meta is not None
-            deadline = self._t_meta + self._land_within + _LAND_SLACK
+            deadline = self._t_meta + self._land_within + LAND_SLACK
         else:
             deadline = time.monotonic() + cfg.fence_timeout
         while self._ending is not None:
@@ -328,7 +337,7 @@ class KvproxyKVReceiver(RequestBase):
             self.kv_mgr._changed.wait(min(left, 0.1))
             if self._fallback:
                 self._check_fallback_locked(time.monotonic())
-                deadline = self._t_meta + self._land_within + _LAND_SLACK  # type: ignore[operator]
+                deadline = self._t_meta + self._land_within + LAND_SLACK  # type: ignore[operator]
 
     # ---- events (manager lock held) ----
 
