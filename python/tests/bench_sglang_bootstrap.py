@@ -38,7 +38,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
-import test_binding as tb  # noqa: E402
+import daemon_harness as tb  # noqa: E402
 import test_sglang_ranks as tr  # noqa: E402
 
 

@@ -19,7 +19,7 @@ on a helper thread, so:
 - no peer link of either node went down (no heartbeat missed), and both
   still see each other up; the big region works (a transfer lands in it).
 
-Environment: as test_binding.py (KVPROXYD, KVPROXY_LIB); KVP_STALL_BYTES
+Environment: as daemon_harness.py (KVPROXYD, KVPROXY_LIB); KVP_STALL_BYTES
 overrides the big region's size. Exit 0 pass, 1 fail, 77 skip.
 """
 
@@ -38,7 +38,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
-import test_binding as tb  # noqa: E402  (daemon helpers)
+import daemon_harness as tb  # noqa: E402  (daemon helpers)
 
 import kvproxy  # noqa: E402
 from kvproxy import Segment  # noqa: E402

@@ -46,7 +46,7 @@ WATERFALL = ROOT / "tools" / "kvp-waterfall"
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
-import test_binding as tb  # noqa: E402  (daemon helpers)
+import daemon_harness as tb  # noqa: E402  (daemon helpers)
 
 DEVICE = os.environ.get("KVP_HF_DEVICE", "cuda")
 try:

@@ -48,7 +48,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
-import test_binding as tb  # noqa: E402  (daemon helpers)
+import daemon_harness as tb  # noqa: E402  (daemon helpers)
 
 HOST_ONLY = os.environ.get("KVP_GPU_TEST_HOST_ONLY") == "1"
 torch = None
@@ -163,7 +163,7 @@ def close_pair(pre: Side, dec: Side, daemons: Sequence[tb.Daemon]) -> None:
         while d.admin_call("status")["regions"] != 0:
             if time.monotonic() > deadline:
                 raise AssertionError(f"{d.node_id} still holds regions of closed workers")
-            time.sleep(tb.POLL)  # bounded poll of the daemon's state, as test_binding's waits
+            time.sleep(tb.POLL)  # bounded poll of the daemon's state, as daemon_harness's waits
 
 
 _rooms = iter(range(7 << 40, 8 << 40, 104729))

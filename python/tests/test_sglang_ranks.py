@@ -47,7 +47,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
 import sglang_harness as sh  # noqa: E402
-import test_binding as tb  # noqa: E402
+import daemon_harness as tb  # noqa: E402
 
 import kvproxy.sglang as ks  # noqa: E402
 

@@ -24,7 +24,7 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
 import kvproxy  # noqa: E402
-import test_binding as tb  # noqa: E402  (asan_reexec: a sanitized libkvproxy needs the ASan runtime first)
+import daemon_harness as tb  # noqa: E402  (asan_reexec: a sanitized libkvproxy needs the ASan runtime first)
 from kvproxy import _status  # noqa: E402
 
 

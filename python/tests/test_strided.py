@@ -37,7 +37,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
-import test_binding as tb  # noqa: E402  (daemon helpers)
+import daemon_harness as tb  # noqa: E402  (daemon helpers)
 import test_fence as tf  # noqa: E402  (the RDMA pair)
 
 import kvproxy  # noqa: E402

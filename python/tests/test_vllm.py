@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: BSD-3-Clause
 """Tests of kvproxy.vllm (the vLLM KV connector) against live kvproxyd.
 
-Three kvproxyd on 127.0.0.1 (started as in test_binding.py): prefill0 and
+Three kvproxyd on 127.0.0.1 (started by daemon_harness.py): prefill0 and
 decode0, peers of each other, and decode1, which prefill0 does not know.
 Each case builds vLLM instances of its own (vllm_harness.Engine: the
 scheduler-side connector and one worker-side connector per TP rank, KV
@@ -39,7 +39,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
-import test_binding as tb  # noqa: E402  (daemon helpers)
+import daemon_harness as tb  # noqa: E402  (daemon helpers)
 import vllm_harness as vh  # noqa: E402
 
 import kvproxy  # noqa: E402

@@ -45,7 +45,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(ROOT / "examples" / "hf_disagg"))
 
-import test_binding as tb  # noqa: E402  (daemon helpers)
+import daemon_harness as tb  # noqa: E402  (daemon helpers)
 
 import common as C  # noqa: E402  (the example's plumbing)
 import kvproxy  # noqa: E402
