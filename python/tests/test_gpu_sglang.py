@@ -63,7 +63,7 @@ if not HOST_ONLY:
 import kvproxy  # noqa: E402
 from kvproxy import sglang as ks  # noqa: E402
 from kvproxy.sglang import KVPoll  # noqa: E402
-from test_sglang import poll_until  # noqa: E402
+from sglang_fixture import poll_until  # noqa: E402
 
 PAGE = 32 << 10
 BUFS = 32  # 16 layers, K and V

@@ -36,7 +36,7 @@ sys.path.insert(0, str(HERE.parent))
 
 import daemon_harness as tb  # noqa: E402
 import test_fence as tf  # noqa: E402  (the RDMA daemon pair)
-import test_sglang as ts  # noqa: E402  (PagedKV, poll_until)
+import sglang_fixture as sf  # noqa: E402  (PagedKV, poll_until)
 import test_sglang_ranks as tr  # noqa: E402  (Cluster)
 
 import kvproxy.sglang as ks  # noqa: E402
@@ -52,7 +52,7 @@ def rdma_xfers() -> int:
 class RdmaSglangTest(unittest.TestCase):
     def test_1_one_rank_per_side(self) -> None:
         boot = ks.KvproxyKVBootstrapServer("127.0.0.1", 0)
-        pkv, dkv = ts.PagedKV(2, 64, item_k=16384), ts.PagedKV(2, 96, item_k=16384)
+        pkv, dkv = sf.PagedKV(2, 64, item_k=16384), sf.PagedKV(2, 96, item_k=16384)
         sa = SimpleNamespace(host="127.0.0.1", port=30000, disaggregation_bootstrap_port=boot.port)
         pm = ks.KvproxyKVManager(pkv.args(), "prefill", sa, config=ks.KvproxyConfig(socket=PAIR[0].sock))
         dm = ks.KvproxyKVManager(dkv.args(), "decode", sa, config=ks.KvproxyConfig(socket=PAIR[1].sock))
@@ -64,17 +64,17 @@ class RdmaSglangTest(unittest.TestCase):
             receiver = ks.KVReceiver(dm, addr, 77)
             self.assertTrue(dm.try_ensure_parallel_info(addr))
             receiver.init(0)
-            ts.poll_until(receiver, [KVPoll.WaitingForInput], 60)
+            sf.poll_until(receiver, [KVPoll.WaitingForInput], 60)
             rnd = random.Random(7)
             src, dst = rnd.sample(range(64), 40), rnd.sample(range(96), 40)
             pkv.fill_pages(src, rnd)
             receiver.send_metadata(dst, 2, [])
-            ts.poll_until(sender, [KVPoll.WaitingForInput], 60)
+            sf.poll_until(sender, [KVPoll.WaitingForInput], 60)
             sender.init(len(src), 1)
             sender.send(src[:20])
             sender.send(src[20:])
-            ts.poll_until(receiver, [KVPoll.Success], 120)
-            ts.poll_until(sender, [KVPoll.Success], 120)
+            sf.poll_until(receiver, [KVPoll.Success], 120)
+            sf.poll_until(sender, [KVPoll.Success], 120)
             for b in range(4):
                 for s, d in zip(src, dst):
                     self.assertEqual(dkv.page(b, d), pkv.page(b, s), f"buffer {b}: page {s} -> {d}")
@@ -144,7 +144,7 @@ class RdmaFenceTest(unittest.TestCase):
         import ctypes
 
         boot = ks.KvproxyKVBootstrapServer("127.0.0.1", 0)
-        pkv, dkv = ts.PagedKV(1, 128, item_k=1 << 20), ts.PagedKV(1, 128, item_k=1 << 20)
+        pkv, dkv = sf.PagedKV(1, 128, item_k=1 << 20), sf.PagedKV(1, 128, item_k=1 << 20)
         sa = SimpleNamespace(host="127.0.0.1", port=30000, disaggregation_bootstrap_port=boot.port)
         pm = ks.KvproxyKVManager(pkv.args(), "prefill", sa, config=ks.KvproxyConfig(socket=PAIR[0].sock, max_inflight=2))
         dm = ks.KvproxyKVManager(dkv.args(), "decode", sa, config=ks.KvproxyConfig(socket=PAIR[1].sock))
@@ -158,11 +158,11 @@ class RdmaFenceTest(unittest.TestCase):
             receiver = ks.KVReceiver(dm, addr, 78)
             self.assertTrue(dm.try_ensure_parallel_info(addr))
             receiver.init(0)
-            ts.poll_until(receiver, [KVPoll.WaitingForInput], 60)
+            sf.poll_until(receiver, [KVPoll.WaitingForInput], 60)
             pages = list(range(128))  # 4 transfers of 32 MiB (K) and one of 256 KiB (V)
             pkv.fill_pages(pages, random.Random(8))
             receiver.send_metadata(pages, 0, [])
-            ts.poll_until(sender, [KVPoll.WaitingForInput], 60)
+            sf.poll_until(sender, [KVPoll.WaitingForInput], 60)
             sender.init(len(pages), 0)
             sender.send(pages)
             deadline = time.monotonic() + 300
