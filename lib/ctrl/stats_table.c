@@ -515,6 +515,9 @@ const struct stat_row stat_rows[] = {
 	  .help = "Malformed frames received from the peer." },
 	{ "peers", "tcp_retransmits", "kvproxy_peer_tcp_retransmits_total", P(tcp_retrans),
 	  .help = "TCP segments the kernel retransmitted on connections to the peer." },
+	{ "peers", "tcp_zerocopy_bytes", "kvproxy_peer_tcp_zerocopy_bytes_total", P(tcp_zc_bytes),
+	  .help = "Bytes (frames and payloads) handed to the kernel by zero-copy sends "
+		  "(tcp.zerocopy; 0 when off or the kernel has no SENDMSG_ZC)." },
 	{ "peers", "links_up", "kvproxy_peer_links_up", FN(peer_links_up), G, .flags = SF_SHORT,
 	  .help = "Outgoing TCP connections to the peer that are up." },
 	{ "peers", "link_tx_bytes", "kvproxy_peer_link_tx_bytes_total", P(link_tx_bytes),

@@ -119,6 +119,18 @@ carve(struct tcp_ctx *t, const struct kvp_config *cfg, uint32_t txq, uint32_t rx
 	return 0;
 }
 
+/* SENDMSG_ZC came with Linux 6.1: older kernels refuse the opcode on every send. */
+static bool
+zc_supported(struct io_uring *ring)
+{
+	struct io_uring_probe *p = io_uring_get_probe_ring(ring);
+	bool ok = p && io_uring_opcode_supported(p, IORING_OP_SENDMSG_ZC);
+
+	if (p)
+		io_uring_free_probe(p);
+	return ok;
+}
+
 static int
 tcp_create(struct kvp_worker *w, unsigned idx, void **tctx)
 {
@@ -192,6 +204,14 @@ tcp_create(struct kvp_worker *w, unsigned idx, void **tctx)
 	if (rc < 0) {
 		t->ring.ring_fd = -1;
 		goto err;
+	}
+	if (t->zerocopy && !zc_supported(&t->ring)) {
+		/* Failing every send would only flap the links: copy instead, and say so. */
+		KVP_LOG(WARNING, tcp,
+			"worker %u: tcp.zerocopy: this kernel's io_uring has no SENDMSG_ZC "
+			"(Linux 6.1+): sending by copy",
+			w->idx);
+		t->zerocopy = false;
 	}
 	if (cfg->tcp_fixed)
 		register_fixed(t);

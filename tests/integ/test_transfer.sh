@@ -67,6 +67,13 @@ json_check "$KVP_TMP/p.stats" "d['totals']['xfers_submitted'] == $XFERS and d['t
 	"prefill0: totals.xfers_submitted/xfers_done != $XFERS"
 json_check "$KVP_TMP/d.stats" "d['totals']['xfers_landed'] == $XFERS" "decode0: totals.xfers_landed != $XFERS"
 json_check "$KVP_TMP/p.stats" "peer('decode0')['bad_frames'] == 0" "prefill0: bad frames from decode0"
+if [[ -n $CONF ]]; then
+	json_check "$KVP_TMP/p.stats" "peer('decode0')['tcp_zerocopy_bytes'] >= $SIZE" \
+		"prefill0: the payload did not go by zero-copy sends (tcp_zerocopy_bytes < $SIZE)"
+else
+	json_check "$KVP_TMP/p.stats" "peer('decode0')['tcp_zerocopy_bytes'] == 0" \
+		"prefill0: zero-copy sends without tcp.zerocopy"
+fi
 json_check "$KVP_TMP/d.stats" "peer('prefill0')['bad_frames'] == 0" "decode0: bad frames from prefill0"
 log "stats agree: tx/rx >= $SIZE, $XFERS ok completions, no failures"
 if [[ $KVP_WORKERS -gt 1 ]]; then
