@@ -465,7 +465,6 @@ tcp_send_done(struct tcp_ctx *t, struct tcp_conn *c, int res, bool zc_held)
 		uint32_t k = c->zc_tail++ & (ZC_SENDS - 1);
 
 		KVP_STAT_ADD(t->w->stats.peer[c->peer].tcp_zc_bytes, (uint64_t)res);
-
 		c->zc[k].end = c->tx_done;
 		c->zc[k].done = false;
 		return;
