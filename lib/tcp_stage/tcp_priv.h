@@ -33,7 +33,10 @@
  * 2 Gbit/s with 4 MiB transfers).
  */
 #define ZC_SENDS 8
-/* Smaller gathers (ACKs, control frames, small payloads) are copied: pinning costs more (msg_zerocopy.rst: ~10 KB). */
+/*
+ * Smaller gathers (ACKs, control frames, small payloads) are copied:
+ * pinning costs more than the copy (msg_zerocopy.rst: below ~10 KB).
+ */
 #define ZC_MIN_BYTES (16u << 10)
 
 enum conn_state {

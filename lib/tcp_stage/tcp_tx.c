@@ -331,7 +331,7 @@ frame_wire(struct tcp_ctx *t, struct tcp_conn *c, const struct tx_frame *f)
 	KVP_STAT_ADD(ps->tx_frames, 1);
 }
 
-/* The kernel is done with frame @p f's memory: its staging buffer goes back, its transfer moves on. */
+/* The kernel let go of frame @p f's memory: its staging buffer goes back, its transfer goes on. */
 static void
 frame_release(struct tcp_ctx *t, struct tx_frame *f, uint64_t now)
 {
