@@ -360,7 +360,7 @@ tcp_conn_fail(struct tcp_ctx *t, struct tcp_conn *c, const char *why)
 	 * connection instead (RST, queues dropped): the kernel lets go of the
 	 * pages now, and none of their bytes can still leave later.
 	 */
-	if (t->zerocopy && (c->send_busy || c->zc_head != c->zc_tail)) {
+	if (t->zerocopy && (c->send_busy || zc_waiting(c))) {
 		struct sockaddr sa = { .sa_family = AF_UNSPEC };
 
 		if (connect(c->fd, &sa, sizeof(sa)) < 0)
@@ -432,8 +432,7 @@ liveness(struct tcp_ctx *t, uint64_t now)
 			snprintf(why, sizeof(why), "peer silent for %" PRIu64 " ms",
 				 (now - c->last_rx_ns) / 1000000);
 			tcp_conn_fail(t, c, why);
-		} else if ((c->send_busy || c->zc_head != c->zc_tail) &&
-			   now - c->send_ok_ns > t->peer_ns) {
+		} else if ((c->send_busy || zc_waiting(c)) && now - c->send_ok_ns > t->peer_ns) {
 			snprintf(why, sizeof(why), "send stalled for %" PRIu64 " ms",
 				 (now - c->send_ok_ns) / 1000000);
 			tcp_conn_fail(t, c, why);

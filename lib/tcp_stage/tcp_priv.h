@@ -276,6 +276,13 @@ txq_used(const struct tcp_conn *c)
 	return c->tx_tail - c->tx_zc;
 }
 
+/* SENDMSG_ZC sends of @p c whose notification is still to come. */
+static inline uint32_t
+zc_waiting(const struct tcp_conn *c)
+{
+	return c->zc_tail - c->zc_head;
+}
+
 static inline uint32_t
 txq_room(const struct tcp_conn *c)
 {

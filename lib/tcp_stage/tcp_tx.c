@@ -404,7 +404,7 @@ tcp_start_send(struct tcp_ctx *t, struct tcp_conn *c)
 	}
 	bool zc = t->zerocopy && bytes >= ZC_MIN_BYTES;
 
-	if (zc && c->zc_tail - c->zc_head == ZC_SENDS)
+	if (zc && zc_waiting(c) == ZC_SENDS)
 		return 0; /* the oldest notifications first */
 	struct io_uring_sqe *sqe = tcp_sqe(t);
 	if (!sqe)
@@ -426,6 +426,14 @@ tcp_start_send(struct tcp_ctx *t, struct tcp_conn *c)
 	c->send_ok_ns = c->last_tx_ns = kvp_mono_ns();
 	c->ops++;
 	return 1;
+}
+
+/* Release the sent frames before @p end, in order (tx_zc moves up to it). */
+static void
+release_to(struct tcp_ctx *t, struct tcp_conn *c, uint32_t end, uint64_t now)
+{
+	for (; c->tx_zc != end; c->tx_zc++)
+		frame_release(t, frame_at(c, c->tx_zc), now);
 }
 
 /*
@@ -470,9 +478,8 @@ tcp_send_done(struct tcp_ctx *t, struct tcp_conn *c, int res, bool zc_held)
 		return;
 	}
 	/* Nothing held: released at once, after any earlier ZC sends' frames. */
-	if (c->zc_head == c->zc_tail)
-		for (; c->tx_zc != c->tx_done; c->tx_zc++)
-			frame_release(t, frame_at(c, c->tx_zc), now);
+	if (!zc_waiting(c))
+		release_to(t, c, c->tx_done, now);
 }
 
 /*
@@ -487,21 +494,18 @@ tcp_zc_notif(struct tcp_ctx *t, struct tcp_conn *c, uint32_t seq)
 
 	c->send_ok_ns = now;
 	/* seq is the low 24 bits of the sequence (tcp_start_send()). */
-	if (((seq - c->zc_head) & 0xffffffu) < c->zc_tail - c->zc_head)
+	if (((seq - c->zc_head) & 0xffffffu) < zc_waiting(c))
 		c->zc[seq & (ZC_SENDS - 1)].done = true;
-	while (c->zc_head != c->zc_tail && c->zc[c->zc_head & (ZC_SENDS - 1)].done) {
+	while (zc_waiting(c) && c->zc[c->zc_head & (ZC_SENDS - 1)].done) {
 		uint32_t end = c->zc[c->zc_head++ & (ZC_SENDS - 1)].end;
 
 		/* Closing: tcp_tx_reset() gives the buffers back; the transfers end with the link. */
-		for (; c->state == CONN_UP && c->tx_zc != end; c->tx_zc++)
-			frame_release(t, frame_at(c, c->tx_zc), now);
+		if (c->state == CONN_UP)
+			release_to(t, c, end, now);
 	}
-	if (c->state != CONN_UP)
-		return;
 	/* The sends after the last ZC one were not held: theirs go now too. */
-	if (c->zc_head == c->zc_tail)
-		for (; c->tx_zc != c->tx_done; c->tx_zc++)
-			frame_release(t, frame_at(c, c->tx_zc), now);
+	if (c->state == CONN_UP && !zc_waiting(c))
+		release_to(t, c, c->tx_done, now);
 }
 
 void
