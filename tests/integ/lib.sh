@@ -380,6 +380,18 @@ up_pair() {
 	wait_peer_up decode0 prefill0
 }
 
+# zerocopy_variant ARG [EXTRA]: a test's variant argument, before
+# init_test: none (CONF empty) or "zerocopy" (CONF turns tcp.zerocopy on,
+# plus EXTRA config; KVP_TEST gets _zerocopy for its logs and temp dir).
+zerocopy_variant() {
+	# shellcheck disable=SC2034 # CONF is the calling test's
+	case $1 in
+	"") CONF="" ;;
+	zerocopy) CONF="tcp = { zerocopy = true; }; ${2:-}" KVP_TEST=${KVP_TEST}_zerocopy ;;
+	*) setup_fail "unknown variant '$1' (none or zerocopy)" ;;
+	esac
+}
+
 # start_pair SUBNET: namespaces, configs, both daemons, peers up.
 start_pair() {
 	netns_pair "$1"

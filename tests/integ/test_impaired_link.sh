@@ -15,11 +15,7 @@ set -euo pipefail
 require_netns
 require_bins
 command -v nft >/dev/null || skip "nft (nftables) is not installed"
-case ${1:-} in
-"") CONF="" ;;
-zerocopy) CONF='tcp = { zerocopy = true; }; stage = { host = true; };' KVP_TEST=${KVP_TEST}_zerocopy ;;
-*) setup_fail "unknown variant '$1' (none or zerocopy)" ;;
-esac
+zerocopy_variant "${1:-}" "stage = { host = true; };"
 init_test
 KVP_PEER_MS=5000 # loss makes TCP back off; that is slowness, not death
 start_pair 31 "auth = { secret = \"impaired-link-secret\"; }; $CONF"

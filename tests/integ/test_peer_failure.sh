@@ -16,11 +16,7 @@ SLACK_S=4 # scheduling slack on a loaded 2-core machine
 
 require_netns
 require_bins
-case ${1:-} in
-"") CONF="" ;;
-zerocopy) CONF='tcp = { zerocopy = true; };' KVP_TEST=${KVP_TEST}_zerocopy ;;
-*) setup_fail "unknown variant '$1' (none or zerocopy)" ;;
-esac
+zerocopy_variant "${1:-}"
 init_test
 start_pair 21 "$CONF"
 # Slow the link so the transfers are certainly in flight when the fault hits.

@@ -17,15 +17,13 @@ SEED=${KVP_SEED:-$RANDOM}
 
 require_netns
 require_bins
-case ${1:-} in
-"") CONF="" ;;
-zerocopy) CONF='tcp = { zerocopy = true; };' KVP_TEST=${KVP_TEST}_zerocopy ;;
-*) setup_fail "unknown variant '$1' (none or zerocopy)" ;;
-esac
+zerocopy_variant "${1:-}"
 init_test
 start_pair 11 "$CONF"
-[[ -z $CONF ]] || [[ $(ctl prefill0 --json config_get tcp.zerocopy | python3 -c 'import json,sys; print(json.load(sys.stdin)["value"])') == True ]] ||
-	fail "prefill0 does not run with tcp.zerocopy"
+if [[ -n $CONF ]]; then
+	ctl prefill0 --json config_get tcp.zerocopy >"$KVP_TMP/zc.json"
+	json_check "$KVP_TMP/zc.json" "d['value'] is True" "prefill0 does not run with tcp.zerocopy"
+fi
 
 occupy_worker0 decode0 "$NS_D"
 KEY="$KVP_TMP/decode.key"
