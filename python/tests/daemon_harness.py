@@ -313,6 +313,17 @@ def start_pair(tmp: Path, a: str, b: str, extra: str = "", timeouts: str = "") -
     return da, db
 
 
+def start_trio(tmp: Path) -> Dict[str, "Daemon"]:
+    """prefill0 and decode0, peers of each other, and decode1, which lists
+    prefill0 as its peer while prefill0 does not know it; by node id."""
+    p, d = start_pair(tmp, "prefill0", "decode0")
+    stray = Daemon(tmp, "decode1", free_ports(1)[0], "prefill0", p.port)
+    STARTED.append(stray)
+    stray.start()
+    stray.wait_ready(need_peer=False)
+    return {"prefill0": p, "decode0": d, "decode1": stray}
+
+
 def setup_pair() -> None:
     """setUpModule of the binding tests: a temp dir and the prefill0/decode0 pair."""
     global TMP, PREFILL, DECODE

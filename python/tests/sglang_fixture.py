@@ -23,9 +23,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import enum
-import os
 import random
-import shutil
 import sys
 import tempfile
 import time
@@ -199,13 +197,7 @@ def setup_daemons() -> None:
     global BOOT
     tb.TMP = Path(tempfile.mkdtemp(prefix="kvp-sglang."))
     log(f"temp dir {tb.TMP}")
-    p, d = tb.start_pair(tb.TMP, "prefill0", "decode0")
-    # decode1 lists prefill0 as a peer, prefill0 does not know decode1.
-    stray = tb.Daemon(tb.TMP, "decode1", tb.free_ports(1)[0], "prefill0", p.port)
-    tb.STARTED.append(stray)
-    stray.start()
-    stray.wait_ready(need_peer=False)
-    DAEMONS.update({"prefill0": p, "decode0": d, "decode1": stray})
+    DAEMONS.update(tb.start_trio(tb.TMP))
     BOOT = ks.KvproxyKVBootstrapServer(host="127.0.0.1", port=0)
 
 
@@ -213,17 +205,7 @@ def teardown_daemons() -> None:
     """tearDownModule: every daemon stopped cleanly but doomed0 (killed on purpose)."""
     if BOOT is not None:
         BOOT.close()
-    problems = []
-    for d in reversed(tb.STARTED):
-        p = d.stop()
-        if p and d.node_id != "doomed0":  # killed on purpose
-            problems.append(p + "\n" + d.log_tail())
-    if problems or os.environ.get("KVP_KEEP"):
-        log(f"kept {tb.TMP}")
-    else:
-        shutil.rmtree(tb.TMP, ignore_errors=True)
-    if problems:
-        raise AssertionError("\n".join(problems))
+    tb.teardown_started()
 
 
 class AdapterTestCase(unittest.TestCase):

@@ -23,7 +23,6 @@ import json
 import os
 import random
 import select
-import shutil
 import signal
 import subprocess
 import sys
@@ -61,26 +60,10 @@ def sock(node: str) -> str:
 def setUpModule() -> None:
     tb.TMP = Path(tempfile.mkdtemp(prefix="kvp-vllm."))
     log(f"temp dir {tb.TMP}")
-    p, d = tb.start_pair(tb.TMP, "prefill0", "decode0")
-    stray = tb.Daemon(tb.TMP, "decode1", tb.free_ports(1)[0], "prefill0", p.port)
-    tb.STARTED.append(stray)
-    stray.start()
-    stray.wait_ready(need_peer=False)
-    DAEMONS.update({"prefill0": p, "decode0": d, "decode1": stray})
+    DAEMONS.update(tb.start_trio(tb.TMP))
 
 
-def tearDownModule() -> None:
-    problems = []
-    for d in reversed(tb.STARTED):
-        p = d.stop()
-        if p:
-            problems.append(p + "\n" + d.log_tail())
-    if problems or os.environ.get("KVP_KEEP"):
-        log(f"kept {tb.TMP}")
-    else:
-        shutil.rmtree(tb.TMP, ignore_errors=True)
-    if problems:
-        raise AssertionError("\n".join(problems))
+tearDownModule = tb.teardown_started
 
 
 class Pair:

@@ -32,7 +32,6 @@ import json
 import os
 import random
 import select
-import shutil
 import signal
 import subprocess
 import sys
@@ -81,18 +80,7 @@ def setUpModule() -> None:
     DAEMONS.update({"prefill0": p, "decode0": d})
 
 
-def tearDownModule() -> None:
-    problems = []
-    for d in reversed(tb.STARTED):
-        p = d.stop()
-        if p:
-            problems.append(p + "\n" + d.log_tail())
-    if problems or os.environ.get("KVP_KEEP"):
-        log(f"kept {tb.TMP}")
-    else:
-        shutil.rmtree(tb.TMP, ignore_errors=True)
-    if problems:
-        raise AssertionError("\n".join(problems))
+tearDownModule = tb.teardown_started
 
 
 _ids = iter(range(1, 1 << 30))
