@@ -16,6 +16,9 @@ Environment:
     KVPROXY_LIB   path of libkvproxy.so (meson sets it; else the usual search)
     KVP_KEEP=1    keep the temp dir (configs, daemon logs)
     KVP_WORKERS   worker lcores per daemon (default 1)
+
+Exit status of the test scripts: 0 pass, 1 fail, 77 skip (with the reason on
+stderr).
 """
 
 from __future__ import annotations

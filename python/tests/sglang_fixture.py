@@ -14,6 +14,13 @@ chunk -> poll until Success; decode: KVReceiver -> try_ensure_parallel_info
 Success), on KV caches in host memory (per-layer K and V buffers in memfds,
 aux rows in plain memory); ``worker()`` gives a case a worker of its own.
 
+Each case drives the adapter through those calls and checks the bytes of
+the pages moved, or the typed failure.
+
+Environment: KVPROXYD, KVPROXY_LIB (meson sets both), KVP_KEEP=1 keeps the
+temp dir. Exit status of the test scripts: 0 pass, 1 fail, 77 skip (with the
+reason).
+
 The multi-process harness (several ranks per side, each a process of its
 own) is sglang_harness.py; this module keeps every rank in the test process.
 """

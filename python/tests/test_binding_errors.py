@@ -4,11 +4,8 @@
 (bad keys, bounds, peers, arguments, regions), each leaving the client usable.
 
 Against a prefill0/decode0 pair of kvproxyd on 127.0.0.1 that this script
-starts and stops (daemon_harness.py: free ports, no root, no namespaces).
-
-Environment: KVPROXYD, KVPROXY_LIB (meson sets both), KVP_KEEP=1 keeps the
-temp dir, KVP_WORKERS worker lcores per daemon. Exit status: 0 pass, 1 fail,
-77 skip (with the reason on stderr).
+starts and stops; the fixture, the environment and the exit status:
+daemon_harness.py.
 """
 
 from __future__ import annotations

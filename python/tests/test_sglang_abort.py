@@ -4,14 +4,8 @@
 side sent, and with 64 MiB in flight (prefill kvproxyd alive or frozen): no
 byte lands after abort() returned; another rank's failure ends a healthy request.
 
-sglang_fixture.py starts three kvproxyd on 127.0.0.1 (prefill0 and decode0,
-peers of each other; decode1, which prefill0 does not know) and a bootstrap
-server in this process; each case drives the adapter through the calls
-sglang's schedulers make and checks the bytes of the pages moved, or the
-typed failure.
-
-Environment: KVPROXYD, KVPROXY_LIB (meson sets both), KVP_KEEP=1 keeps the
-temp dir. Exit status: 0 pass, 1 fail, 77 skip (with the reason).
+The fixture (three kvproxyd and a bootstrap server), the environment and the
+exit status: sglang_fixture.py.
 """
 
 from __future__ import annotations
