@@ -172,6 +172,9 @@ int kvp_test_key_write(const char *path, uint64_t key);
  */
 int kvp_test_key_read(const char *path, double wait_s, uint64_t *key);
 
+/** What kvp_test_key_read()'s negative @p rc means, for a message ("timed out", "not a key"). */
+const char *kvp_test_key_error(int rc);
+
 /**
  * A memfd of @p len bytes; with @p seal, sealed against shrinking
  * (kvproxyd refuses registrations that could lose pages under its mapping).

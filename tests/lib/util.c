@@ -114,6 +114,12 @@ kvp_test_key_read(const char *path, double wait_s, uint64_t *key)
 	return 0;
 }
 
+const char *
+kvp_test_key_error(int rc)
+{
+	return rc == -ETIMEDOUT ? "timed out" : rc == -EBADMSG ? "not a key" : strerror(-rc);
+}
+
 int
 kvp_test_memfd(const char *name, size_t len, bool seal, int *fd, void **map)
 {

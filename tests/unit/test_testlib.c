@@ -114,6 +114,9 @@ test_files(void)
 	FILE *f = fopen(path, "w");
 	CHECK(f != NULL && fputs("not a key\n", f) >= 0 && fclose(f) == 0);
 	CHECK_EQ(kvp_test_key_read(path, 0, &key), -EBADMSG);
+	CHECK(strcmp(kvp_test_key_error(-EBADMSG), "not a key") == 0);
+	CHECK(strcmp(kvp_test_key_error(-ETIMEDOUT), "timed out") == 0);
+	CHECK(strcmp(kvp_test_key_error(-EACCES), strerror(EACCES)) == 0);
 	unlink(path);
 	rmdir(dir);
 

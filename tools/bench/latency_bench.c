@@ -152,10 +152,8 @@ key_read(const char *path, double wait_s)
 	uint64_t key;
 	int rc = kvp_test_key_read(path, wait_s, &key);
 
-	if (rc == -EBADMSG)
-		die("key file %s: not a key", path);
 	if (rc < 0)
-		die("key file %s: %s", path, rc == -ETIMEDOUT ? "timed out" : strerror(-rc));
+		die("key file %s: %s", path, kvp_test_key_error(rc));
 	return key;
 }
 
