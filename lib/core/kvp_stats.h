@@ -28,6 +28,7 @@ struct kvp_peer_stats {
 	uint64_t conn_errors;
 	uint64_t tcp_retrans; /**< TCP segments the kernel retransmitted on our sockets to it */
 	uint64_t tcp_zc_bytes; /**< bytes handed to the kernel by SENDMSG_ZC (tcp.zerocopy) */
+	uint64_t tcp_zc_copied; /**< ... of which the kernel copied after all (loopback, veth, ...) */
 	uint64_t link_tx_bytes[KVP_LINKS_MAX]; /**< payload bytes sent per TCP link */
 };
 

@@ -6,6 +6,7 @@
  */
 #include <ctype.h>
 #include <errno.h>
+#include <inttypes.h>
 #include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -144,6 +145,37 @@ gpus_json(const struct kvp_node *n, json_t *checks)
 	return arr;
 }
 
+/* tcp.zerocopy: does the kernel copy anyway on the paths this node sends over? */
+static void
+zerocopy(const struct kvp_node *n, json_t *checks)
+{
+	uint64_t zc = 0, copied = 0;
+
+	if (!n->cfg.tcp_zerocopy)
+		return;
+	for (unsigned w = 0; w < n->nworkers; w++)
+		for (uint32_t p = 0; p < n->cfg.max_peers; p++) {
+			const struct kvp_peer_stats *s = &n->workers[w].stats.peer[p];
+
+			zc += __atomic_load_n(&s->tcp_zc_bytes, __ATOMIC_RELAXED);
+			copied += __atomic_load_n(&s->tcp_zc_copied, __ATOMIC_RELAXED);
+		}
+	if (zc == 0)
+		check(checks, true, "tcp.zerocopy", "on; no zero-copy sends yet");
+	else if (copied * 2 >= zc)
+		check(checks, false, "tcp.zerocopy",
+		      "the kernel copied %" PRIu64 " of %" PRIu64 " zero-copy bytes (%.0f %%): "
+		      "on these paths (local delivery: loopback, veth; or a NIC without "
+		      "scatter-gather) zero-copy saves nothing; tcp.zerocopy = false copies "
+		      "without waiting for the peer's ACKs",
+		      copied, zc, 100.0 * (double)copied / (double)zc);
+	else
+		check(checks, true, "tcp.zerocopy",
+		      "the kernel copied %" PRIu64 " of %" PRIu64
+		      " zero-copy bytes (Linux 6.2+ reports copies)",
+		      copied, zc);
+}
+
 static json_t *
 doctor_json(struct kvp_node *n)
 {
@@ -158,6 +190,7 @@ doctor_json(struct kvp_node *n)
 		check(checks, true, "cores", "%s", n->env.cores_why);
 	if (n->env.rdma_ports < 0)
 		check(checks, true, "rdma", "no RDMA: %s", n->env.rdma_why);
+	zerocopy(n, checks);
 	for (unsigned i = 0; i < n->env.nrails && i < KVP_RAILS_MAX; i++) {
 		const struct kvp_rail_info *r = &n->env.rails[i];
 

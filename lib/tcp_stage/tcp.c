@@ -131,6 +131,45 @@ zc_supported(struct io_uring *ring)
 	return ok;
 }
 
+/*
+ * IORING_SEND_ZC_REPORT_USAGE came with Linux 6.2; 6.1 refuses the flag
+ * (-EINVAL) on every send. Ask once, with an empty send on a socket pair
+ * (AF_UNIX has no zero-copy: a kernel that knows the flag says so instead).
+ */
+static bool
+zc_report_supported(struct io_uring *ring)
+{
+	struct msghdr msg = { 0 };
+	struct io_uring_cqe *cqe;
+	int sv[2], res = -EINVAL;
+	bool more = false;
+
+	if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0)
+		return false;
+	struct io_uring_sqe *sqe = io_uring_get_sqe(ring);
+	if (sqe) {
+		io_uring_prep_sendmsg_zc(sqe, sv[0], &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+		sqe->ioprio |= IORING_SEND_ZC_REPORT_USAGE;
+		io_uring_sqe_set_data64(sqe, UINT64_MAX);
+		/* The result, then a notification if it had F_MORE. */
+		for (bool first = true; (first || more) && io_uring_submit_and_wait(ring, 1) >= 0;
+		     first = false) {
+			if (io_uring_peek_cqe(ring, &cqe) < 0)
+				break;
+			if (first) {
+				res = cqe->res;
+				more = cqe->flags & IORING_CQE_F_MORE;
+			} else {
+				more = false;
+			}
+			io_uring_cqe_seen(ring, cqe);
+		}
+	}
+	close(sv[0]);
+	close(sv[1]);
+	return res != -EINVAL;
+}
+
 static int
 tcp_create(struct kvp_worker *w, unsigned idx, void **tctx)
 {
@@ -213,6 +252,8 @@ tcp_create(struct kvp_worker *w, unsigned idx, void **tctx)
 			w->idx);
 		t->zerocopy = false;
 	}
+	if (t->zerocopy)
+		t->zc_report = zc_report_supported(&t->ring);
 	if (cfg->tcp_fixed)
 		register_fixed(t);
 	*tctx = t;
@@ -393,7 +434,8 @@ handle_cqe(struct tcp_ctx *t, const struct io_uring_cqe *cqe)
 	}
 	c->ops--;
 	if (op == UOP_SEND && (cqe->flags & IORING_CQE_F_NOTIF))
-		tcp_zc_notif(t, c, (uint32_t)(cqe->user_data >> 40));
+		tcp_zc_notif(t, c, (uint32_t)(cqe->user_data >> 40),
+			     t->zc_report && ((uint32_t)cqe->res & IORING_NOTIF_USAGE_ZC_COPIED));
 	else if (op == UOP_SEND)
 		tcp_send_done(t, c, cqe->res, false);
 	else if (op == UOP_RECV || op == UOP_RECV_NEXT)

@@ -38,6 +38,13 @@
  * pinning costs more than the copy (msg_zerocopy.rst: below ~10 KB).
  */
 #define ZC_MIN_BYTES (16u << 10)
+/* Linux 6.2 ABI; liburing 2.3's header predates it. */
+#ifndef IORING_SEND_ZC_REPORT_USAGE
+#define IORING_SEND_ZC_REPORT_USAGE (1U << 3)
+#endif
+#ifndef IORING_NOTIF_USAGE_ZC_COPIED
+#define IORING_NOTIF_USAGE_ZC_COPIED (1U << 31)
+#endif
 
 enum conn_state {
 	CONN_FREE = 0,
@@ -161,8 +168,9 @@ struct tcp_conn {
 	uint32_t zc_head; /* zc[]: SENDMSG_ZC sends waiting for their notification, in send order */
 	uint32_t zc_tail;
 	struct {
-		uint32_t end; /* tx_done after that send: its frames are the ones before */
-		bool done;    /* its notification came (they may come out of order) */
+		uint32_t end;	/* tx_done after that send: its frames are the ones before */
+		uint32_t bytes; /* what the send took (tcp_zc_copied_bytes if the kernel copied) */
+		bool done;	/* its notification came (they may come out of order) */
 	} zc[ZC_SENDS];
 	struct iovec *iov;
 	struct msghdr msg;
@@ -219,6 +227,8 @@ struct tcp_ctx {
 	uint32_t iov_max;
 	uint32_t frame_max;
 	bool zerocopy;
+	bool zc_report;	   /* notifications say whether the kernel copied (Linux 6.2+) */
+	bool zc_copy_seen; /* ... and it was said in the log once */
 	bool fixed;	   /* the ring has a (sparse) table of registered buffers, one per connection */
 	uint32_t sqes; /* prepared since the last submit */
 	uint64_t next_tick_ns;
@@ -310,7 +320,7 @@ bool tcp_queue_frame(struct tcp_conn *c, const struct kvp_wire_hdr *h, const voi
 int tcp_fill_tx(struct tcp_ctx *t, struct tcp_conn *c);
 int tcp_start_send(struct tcp_ctx *t, struct tcp_conn *c);
 void tcp_send_done(struct tcp_ctx *t, struct tcp_conn *c, int res, bool zc_held);
-void tcp_zc_notif(struct tcp_ctx *t, struct tcp_conn *c, uint32_t seq);
+void tcp_zc_notif(struct tcp_ctx *t, struct tcp_conn *c, uint32_t seq, bool copied);
 void tcp_tx_cancel(struct tcp_ctx *t, struct tcp_conn *c, struct kvp_xfer *x, int status);
 void tcp_tx_reset(struct tcp_ctx *t, struct tcp_conn *c);
 void tcp_tx_admission(struct tcp_ctx *t, struct tcp_conn *c, uint64_t now);

@@ -416,6 +416,8 @@ tcp_start_send(struct tcp_ctx *t, struct tcp_conn *c)
 	if (zc) {
 		/* Its notification names it by the zc[] sequence its result will take. */
 		io_uring_prep_sendmsg_zc(sqe, c->fd, &c->msg, MSG_NOSIGNAL);
+		if (t->zc_report)
+			sqe->ioprio |= IORING_SEND_ZC_REPORT_USAGE;
 		io_uring_sqe_set_data64(sqe, tcp_udata(c, UOP_SEND) | (uint64_t)c->zc_tail << 40);
 	} else {
 		io_uring_prep_sendmsg(sqe, c->fd, &c->msg, MSG_NOSIGNAL);
@@ -426,6 +428,20 @@ tcp_start_send(struct tcp_ctx *t, struct tcp_conn *c)
 	c->send_ok_ns = c->last_tx_ns = kvp_mono_ns();
 	c->ops++;
 	return 1;
+}
+
+static void
+zc_copied(struct tcp_ctx *t, struct tcp_conn *c, uint32_t bytes)
+{
+	KVP_STAT_ADD(t->w->stats.peer[c->peer].tcp_zc_copied, bytes);
+	if (t->zc_copy_seen)
+		return;
+	t->zc_copy_seen = true;
+	KVP_LOG(NOTICE, tcp,
+		"worker %u: tcp.zerocopy: the kernel copied zero-copy sends to peer %u "
+		"(as it does for local delivery: loopback, veth; or a NIC without scatter-gather): "
+		"zero-copy saves nothing on this path (stats peers[].tcp_zerocopy_copied_bytes)",
+		t->w->idx, c->peer);
 }
 
 /* Release the sent frames before @p end, in order (tx_zc moves up to it). */
@@ -474,6 +490,7 @@ tcp_send_done(struct tcp_ctx *t, struct tcp_conn *c, int res, bool zc_held)
 
 		KVP_STAT_ADD(t->w->stats.peer[c->peer].tcp_zc_bytes, (uint64_t)res);
 		c->zc[k].end = c->tx_done;
+		c->zc[k].bytes = (uint32_t)res;
 		c->zc[k].done = false;
 		return;
 	}
@@ -486,16 +503,21 @@ tcp_send_done(struct tcp_ctx *t, struct tcp_conn *c, int res, bool zc_held)
  * The notification of ZC send @p seq: the kernel let go of its memory.
  * Frames are released in send order, once every earlier send's notice is
  * in too (a partly sent frame belongs to the send that finished it).
+ * @p copied: the kernel copied the pages after all (tcp.zerocopy gains
+ * nothing on this path); counted, and said once per worker.
  */
 void
-tcp_zc_notif(struct tcp_ctx *t, struct tcp_conn *c, uint32_t seq)
+tcp_zc_notif(struct tcp_ctx *t, struct tcp_conn *c, uint32_t seq, bool copied)
 {
 	uint64_t now = kvp_mono_ns();
 
 	c->send_ok_ns = now;
 	/* seq is the low 24 bits of the sequence (tcp_start_send()). */
-	if (((seq - c->zc_head) & 0xffffffu) < zc_waiting(c))
+	if (((seq - c->zc_head) & 0xffffffu) < zc_waiting(c)) {
 		c->zc[seq & (ZC_SENDS - 1)].done = true;
+		if (copied)
+			zc_copied(t, c, c->zc[seq & (ZC_SENDS - 1)].bytes);
+	}
 	while (zc_waiting(c) && c->zc[c->zc_head & (ZC_SENDS - 1)].done) {
 		uint32_t end = c->zc[c->zc_head++ & (ZC_SENDS - 1)].end;
 
