@@ -520,8 +520,10 @@ const struct stat_row stat_rows[] = {
 		  "(tcp.zerocopy; 0 when off or the kernel has no SENDMSG_ZC)." },
 	{ "peers", "tcp_zerocopy_copied_bytes", "kvproxy_peer_tcp_zerocopy_copied_bytes_total",
 	  P(tcp_zc_copied),
-	  .help = "Of those, bytes the kernel copied after all (local delivery: loopback, veth; "
-		  "a NIC without scatter-gather): zero-copy gains nothing there. Linux 6.2+." },
+	  .help = "Of those, bytes the kernel reported copied after all (local delivery: "
+		  "loopback, veth; a NIC without scatter-gather): zero-copy gains nothing there. "
+		  "Linux 6.2+; advisory (6.10+ may report a small send merged into the previous "
+		  "one as copied)." },
 	{ "peers", "links_up", "kvproxy_peer_links_up", FN(peer_links_up), G, .flags = SF_SHORT,
 	  .help = "Outgoing TCP connections to the peer that are up." },
 	{ "peers", "link_tx_bytes", "kvproxy_peer_link_tx_bytes_total", P(link_tx_bytes),

@@ -151,10 +151,13 @@ zc_report_supported(struct io_uring *ring)
 		io_uring_prep_sendmsg_zc(sqe, sv[0], &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
 		sqe->ioprio |= IORING_SEND_ZC_REPORT_USAGE;
 		io_uring_sqe_set_data64(sqe, UINT64_MAX);
-		/* The result, then a notification if it had F_MORE. */
-		for (bool first = true; (first || more) && io_uring_submit_and_wait(ring, 1) >= 0;
-		     first = false) {
-			if (io_uring_peek_cqe(ring, &cqe) < 0)
+		/* The result, then a notification if it had F_MORE (a signal may interrupt a wait). */
+		int rc = io_uring_submit(ring);
+
+		for (bool first = true; rc >= 0 && (first || more); first = false) {
+			while ((rc = io_uring_wait_cqe(ring, &cqe)) == -EINTR)
+				;
+			if (rc < 0)
 				break;
 			if (first) {
 				res = cqe->res;
@@ -226,8 +229,11 @@ tcp_create(struct kvp_worker *w, unsigned idx, void **tctx)
 		c->rxt_mask = rxt - 1;
 	}
 	/*
-	 * Each connection up has at most one send and one recv in flight;
-	 * tcp_sqe() submits and retries if more are ever prepared at once.
+	 * Each connection up has at most one send and two (linked) recvs in
+	 * flight; tcp_sqe() submits and retries if more are ever prepared at
+	 * once. With tcp.zerocopy up to ZC_SENDS notifications per connection
+	 * come on top: the CQ is sized for them rather than left to the
+	 * kernel's overflow list.
 	 * COOP_TASKRUN: a completion that needs this thread's task work
 	 * (every recv that had to wait for data) no longer interrupts it
 	 * with an IPI; a sleeping worker is still woken, and a spinning one
@@ -236,10 +242,22 @@ tcp_create(struct kvp_worker *w, unsigned idx, void **tctx)
 	uint32_t entries = kvp_pow2_ceil(2 * t->nconns + 8);
 	if (entries > 32768)
 		entries = 32768;
-	rc = io_uring_queue_init(entries, &t->ring,
-				 IORING_SETUP_COOP_TASKRUN | IORING_SETUP_TASKRUN_FLAG);
-	if (rc == -EINVAL) /* kernels before 5.19 */
-		rc = io_uring_queue_init(entries, &t->ring, 0);
+	struct io_uring_params up = {
+		.flags = IORING_SETUP_COOP_TASKRUN | IORING_SETUP_TASKRUN_FLAG,
+	};
+	if (t->zerocopy) {
+		up.flags |= IORING_SETUP_CQSIZE;
+		up.cq_entries = kvp_pow2_ceil(t->nconns * (3 + ZC_SENDS) + 8);
+		if (up.cq_entries > 65536)
+			up.cq_entries = 65536;
+		if (up.cq_entries < 2 * entries)
+			up.cq_entries = 2 * entries;
+	}
+	rc = io_uring_queue_init_params(entries, &t->ring, &up);
+	if (rc == -EINVAL) { /* kernels before 5.19 */
+		up.flags &= ~(IORING_SETUP_COOP_TASKRUN | IORING_SETUP_TASKRUN_FLAG);
+		rc = io_uring_queue_init_params(entries, &t->ring, &up);
+	}
 	if (rc < 0) {
 		t->ring.ring_fd = -1;
 		goto err;
@@ -478,7 +496,9 @@ liveness(struct tcp_ctx *t, uint64_t now)
 			snprintf(why, sizeof(why), "send stalled for %" PRIu64 " ms",
 				 (now - c->send_ok_ns) / 1000000);
 			tcp_conn_fail(t, c, why);
-		} else if (!c->send_busy && now - c->last_tx_ns > t->peer_ns / 4) {
+		} else if (!c->send_busy && c->tx_head == c->tx_tail &&
+			   now - c->last_tx_ns > t->peer_ns / 4) {
+			/* Not behind queued frames (a full zero-copy window): they say as much. */
 			tcp_queue_ctrl(c, KVP_W_PING, 0, 0);
 		}
 	}

@@ -399,7 +399,8 @@ tcp_start_send(struct tcp_ctx *t, struct tcp_conn *c)
 		}
 		if (f->payload)
 			niov += payload_iov(f, skip, &c->iov[niov]);
-		bytes += frame_bytes(f);
+		/* What is left of it: a 1 KiB tail is not a 4 MiB send. */
+		bytes += frame_bytes(f) - (i == c->tx_done ? c->tx_partial : 0);
 		i++;
 	}
 	bool zc = t->zerocopy && bytes >= ZC_MIN_BYTES;
@@ -430,11 +431,22 @@ tcp_start_send(struct tcp_ctx *t, struct tcp_conn *c)
 	return 1;
 }
 
+/*
+ * The flag is advisory: since Linux 6.10 a send whose bytes all joined the
+ * previous send's skb shares its notification and reports copied without
+ * a copy. So the log speaks only once most of ZC_COPIED_SAY bytes or more
+ * to the peer were reported copied.
+ */
+#define ZC_COPIED_SAY (64ull << 20)
+
 static void
 zc_copied(struct tcp_ctx *t, struct tcp_conn *c, uint32_t bytes)
 {
-	KVP_STAT_ADD(t->w->stats.peer[c->peer].tcp_zc_copied, bytes);
-	if (t->zc_copy_seen)
+	struct kvp_peer_stats *ps = &t->w->stats.peer[c->peer];
+
+	KVP_STAT_ADD(ps->tcp_zc_copied, bytes);
+	if (t->zc_copy_seen || ps->tcp_zc_copied < ZC_COPIED_SAY ||
+	    ps->tcp_zc_copied * 2 < ps->tcp_zc_bytes)
 		return;
 	t->zc_copy_seen = true;
 	KVP_LOG(NOTICE, tcp,

@@ -485,6 +485,10 @@ release_worker0() {
 # Expressions see d (the document) and peer(NAME) (its "peers" entry for NAME).
 
 stats_json() { ctl "$1" --json stats; }
+# worker_lcores NODE: its worker lcores, comma-separated (the CPUs with -l).
+worker_lcores() {
+	ctl "$1" --json stats | python3 -c 'import json, sys; print(",".join(str(w["lcore"]) for w in json.load(sys.stdin)["workers"]))'
+}
 
 KVP_PYEVAL='
 import json, sys

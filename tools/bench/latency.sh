@@ -90,8 +90,10 @@ else
 fi
 log "path: $path; $REPS rounds of $ITERS per size and series"
 # The workers' CPUs (EAL lcore ids are CPU ids with -l): the pinned ping-pong's ends.
-CPU_P=$(ctl prefill0 --json stats | python3 -c 'import json,sys; print(json.load(sys.stdin)["workers"][0]["lcore"])')
-CPU_D=$(ctl decode0 --json stats | python3 -c 'import json,sys; print(json.load(sys.stdin)["workers"][0]["lcore"])')
+CPU_P=$(worker_lcores prefill0)
+CPU_P=${CPU_P%%,*}
+CPU_D=$(worker_lcores decode0)
+CPU_D=${CPU_D%%,*}
 log "worker CPUs: prefill0 $CPU_P, decode0 $CPU_D"
 # Workers that never sleep (poll.busy, or cores = "auto" choosing it) own
 # their CPUs: a spinning ping-pong pinned there would only fight them for

@@ -114,11 +114,11 @@ done
 # daemon's main lcore goes to vCPU 1 so its worker runs on 0, the prefill
 # worker on 1 (not both workers on vCPU 1).
 export KVP_EAL_DECODE=${KVP_EAL_DECODE---main-lcore 1}
-log "lcores: prefill0 ${KVP_EAL[*]:0:2} (worker on vCPU 1), decode0 the same with $KVP_EAL_DECODE (worker on vCPU 0)"
 start_daemon prefill0 ""
 start_daemon decode0 ""
 wait_admin prefill0
 wait_admin decode0
+log "worker lcores: prefill0 $(worker_lcores prefill0), decode0 $(worker_lcores decode0)"
 wait_peer_up prefill0 decode0
 wait_json prefill0 stats "sum(r['qps_up'] for r in d['rdma']['rails']) == 1" 60 "send QP up"
 out=()

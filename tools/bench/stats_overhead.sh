@@ -40,8 +40,8 @@ init_test
 # Both daemons get EAL lcores 0,1: the decode daemon's main lcore goes to
 # CPU 1 so its worker runs on 0, the prefill worker on 1 (as tcp_vs_iperf.sh).
 export KVP_EAL_DECODE=${KVP_EAL_DECODE---main-lcore 1}
-log "lcores: prefill0 ${KVP_EAL[*]:0:2} (worker on CPU 1), decode0 the same with $KVP_EAL_DECODE (worker on CPU 0)"
 start_pair 92
+log "worker lcores: prefill0 $(worker_lcores prefill0), decode0 $(worker_lcores decode0)"
 
 # stats_set on|off: stats.enabled on both nodes.
 stats_set() {

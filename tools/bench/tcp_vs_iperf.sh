@@ -104,8 +104,10 @@ log "path: $PATH_NAME; congestion control: ${CC:-$(in_ns "$NS_P" sysctl -n net.i
 links=$(ctl prefill0 --json peers | python3 -c 'import json,sys; print(json.load(sys.stdin)["peers"][0]["links_up"])')
 log "kvproxy: $links TCP connection(s) to the peer (tcp.connections)"
 # The workers' CPUs (EAL lcore ids are CPU ids): where the plain stream's ends run.
-CPU_P=$(ctl prefill0 --json stats | python3 -c 'import json,sys; print(json.load(sys.stdin)["workers"][0]["lcore"])')
-CPU_D=$(ctl decode0 --json stats | python3 -c 'import json,sys; print(json.load(sys.stdin)["workers"][0]["lcore"])')
+CPU_P=$(worker_lcores prefill0)
+CPU_P=${CPU_P%%,*}
+CPU_D=$(worker_lcores decode0)
+CPU_D=${CPU_D%%,*}
 log "kvp-tcp-stream and iperf3-cpus: sender on CPU $CPU_P (prefill0's worker), receiver on CPU $CPU_D (decode0's worker); iperf3 -P, UCX where the scheduler puts them"
 
 # SIZE as a series name: 1g, 512m, 64k or bytes.
