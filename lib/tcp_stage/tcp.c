@@ -15,6 +15,25 @@
 
 #include "tcp_priv.h"
 
+/*
+ * SENDMSG_ZC notifications come once the peer has ACKed the bytes, which
+ * a dead peer or a downed link never does: the slot would not drain until
+ * TCP gave up (minutes). connect(AF_UNSPEC) aborts the connection instead
+ * (RST, queues dropped): the kernel lets go of the pages now, and none of
+ * their bytes can still leave later, from memory given back by then.
+ */
+static void
+conn_abort_zc(struct tcp_ctx *t, struct tcp_conn *c)
+{
+	struct sockaddr sa = { .sa_family = AF_UNSPEC };
+
+	if (!t->zerocopy || (!c->send_busy && !zc_waiting(c)))
+		return;
+	if (connect(c->fd, &sa, sizeof(sa)) < 0)
+		KVP_LOG_RL(WARNING, tcp, "worker %u: link %u: abort for zero-copy sends: %s",
+			   t->w->idx, c->link, strerror(errno));
+}
+
 static void
 tcp_destroy(void *tctx)
 {
@@ -22,6 +41,12 @@ tcp_destroy(void *tctx)
 
 	if (!t)
 		return;
+	/* Operations and zero-copy sends end before the memory they use goes. */
+	for (uint32_t i = 0; t->conns && i < t->nconns; i++)
+		if (t->conns[i].fd >= 0)
+			conn_abort_zc(t, &t->conns[i]);
+	if (t->ring.ring_fd > 0)
+		io_uring_queue_exit(&t->ring);
 	for (uint32_t i = 0; t->conns && i < t->nconns; i++)
 		if (t->conns[i].fd >= 0)
 			close(t->conns[i].fd);
@@ -33,8 +58,6 @@ tcp_destroy(void *tctx)
 	rte_free(t->q_used);
 	rte_free(t->q_blocked);
 	stage_fini(&t->stage);
-	if (t->ring.ring_fd > 0)
-		io_uring_queue_exit(&t->ring);
 	rte_free(t);
 }
 
@@ -412,20 +435,7 @@ tcp_conn_fail(struct tcp_ctx *t, struct tcp_conn *c, const char *why)
 	c->state = CONN_CLOSING;
 	/* Makes the in-flight send and recv return so the slot can drain. */
 	shutdown(c->fd, SHUT_RDWR);
-	/*
-	 * SENDMSG_ZC notifications come once the peer has ACKed the bytes,
-	 * which a dead peer or a downed link never does: the slot would not
-	 * drain until TCP gave up (minutes). connect(AF_UNSPEC) aborts the
-	 * connection instead (RST, queues dropped): the kernel lets go of the
-	 * pages now, and none of their bytes can still leave later.
-	 */
-	if (t->zerocopy && (c->send_busy || zc_waiting(c))) {
-		struct sockaddr sa = { .sa_family = AF_UNSPEC };
-
-		if (connect(c->fd, &sa, sizeof(sa)) < 0)
-			KVP_LOG_RL(WARNING, tcp, "worker %u: link %u: abort for zero-copy sends: %s",
-				   t->w->idx, c->link, strerror(errno));
-	}
+	conn_abort_zc(t, c);
 	kvp_worker_conn_down(t->w, c->peer, c->link, c->outgoing, why);
 	if (c->slot == 0)
 		kvp_pchan_conn(t->w, c->peer, c->outgoing, false);
