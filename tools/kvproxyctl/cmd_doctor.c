@@ -15,7 +15,8 @@ doctor_usage(FILE *f, const char *cmd)
 		"Preflight report: the transport in use and why, the RDMA probe, the\n"
 		"network interfaces that carry peer traffic with their PCI device, NUMA\n"
 		"node and device-local CPUs, whether each worker lcore is local to them,\n"
-		"and GPUs. Warnings say what to change.\n",
+		"GPUs, and with tcp.zerocopy how much the kernel copied anyway.\n"
+		"Warnings say what to change.\n",
 		prog);
 	return true;
 }
