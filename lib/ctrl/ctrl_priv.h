@@ -143,6 +143,8 @@ const char *stats_wc_name(unsigned st);
 const struct kvp_chan *stats_client_chan(const struct kvp_node *n, unsigned slot);
 /** The port behind rail index @p rail, or NULL. */
 const struct kvp_rail_info *stats_rail_port(const struct kvp_node *n, unsigned rail);
+/** Worker @p i's struct kvp_peer_stats counter at offset @p off, summed over its peers. */
+uint64_t stats_worker_peer_sum(const struct kvp_node *n, unsigned i, size_t off);
 /** Histogram of (peer, phase) summed over the workers. */
 void stats_hist_of(const struct kvp_node *n, uint16_t peer, int phase, struct kvp_hist *h);
 

@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <limits.h>
+#include <stddef.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -153,13 +154,10 @@ zerocopy(const struct kvp_node *n, json_t *checks)
 
 	if (!n->cfg.tcp_zerocopy)
 		return;
-	for (unsigned w = 0; w < n->nworkers; w++)
-		for (uint32_t p = 0; p < n->cfg.max_peers; p++) {
-			const struct kvp_peer_stats *s = &n->workers[w].stats.peer[p];
-
-			zc += __atomic_load_n(&s->tcp_zc_bytes, __ATOMIC_RELAXED);
-			copied += __atomic_load_n(&s->tcp_zc_copied, __ATOMIC_RELAXED);
-		}
+	for (unsigned w = 0; w < n->nworkers; w++) {
+		zc += stats_worker_peer_sum(n, w, offsetof(struct kvp_peer_stats, tcp_zc_bytes));
+		copied += stats_worker_peer_sum(n, w, offsetof(struct kvp_peer_stats, tcp_zc_copied));
+	}
 	if (zc == 0)
 		check(checks, true, "tcp.zerocopy", "on; no zero-copy sends yet");
 	else if (copied * 2 >= zc)

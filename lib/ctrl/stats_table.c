@@ -166,8 +166,8 @@ worker_links(const struct kvp_node *n, unsigned i)
 	return sum;
 }
 
-static uint64_t
-worker_peer_sum(const struct kvp_node *n, unsigned i, size_t off)
+uint64_t
+stats_worker_peer_sum(const struct kvp_node *n, unsigned i, size_t off)
 {
 	uint64_t sum = 0;
 
@@ -182,13 +182,13 @@ worker_peer_sum(const struct kvp_node *n, unsigned i, size_t off)
 static uint64_t
 worker_tx_bytes(const struct kvp_node *n, unsigned i)
 {
-	return worker_peer_sum(n, i, offsetof(struct kvp_peer_stats, tx_bytes));
+	return stats_worker_peer_sum(n, i, offsetof(struct kvp_peer_stats, tx_bytes));
 }
 
 static uint64_t
 worker_rx_bytes(const struct kvp_node *n, unsigned i)
 {
-	return worker_peer_sum(n, i, offsetof(struct kvp_peer_stats, rx_bytes));
+	return stats_worker_peer_sum(n, i, offsetof(struct kvp_peer_stats, rx_bytes));
 }
 
 static uint64_t
