@@ -208,7 +208,10 @@ KILLED_FILE=$S/killed_clients
 
 fault_kill_decode() {
 	local pid=${DPID[decode0]}
-	echo $(($(cat "$S/decode_gen") + 1)) >"$S/decode_gen"
+	# Renamed into place: the traffic loops read it at any moment, and a
+	# rewrite in place can be caught empty.
+	echo $(($(cat "$S/decode_gen") + 1)) >"$S/decode_gen.new"
+	mv -f "$S/decode_gen.new" "$S/decode_gen"
 	kill -KILL "$pid"
 	wait "$pid" 2>/dev/null || true
 	untrack "$pid"
@@ -341,6 +344,9 @@ for res in sorted(glob.glob(os.path.join(S, "pairs", "*.result"))):
         nodecode += 1
         continue
     pairs += 1
+    if len(r) != 9 or not all(x.lstrip("-").isdigit() for x in (r[1], r[3])):
+        problems.append("%s: unreadable result line %r" % (name, " ".join(r)))
+        continue
     prc, drc, g0, g1, src = int(r[1]), int(r[3]), r[5], r[6], r[8]
     pre_pid, dec_pid = read(tag + ".pre.pid").strip(), read(tag + ".dec.pid").strip()
     pre_killed, dec_killed = pre_pid in killed, dec_pid in killed
