@@ -214,10 +214,32 @@ reply_line(const struct span *id, const char *key, json_t *body, char *out, size
 	return (size_t)n + bl + 1;
 }
 
+/*
+ * The message as a JSON string. It may quote the request's own text, cut
+ * short by a bounded snprintf in the middle of a character or taken from
+ * bytes that are not UTF-8 at all (a parse error's "near '...'"); then its
+ * non-ASCII bytes become '?', rather than the reply a misleading "reply too
+ * large".
+ */
+static json_t *
+message_string(const char *msg)
+{
+	json_t *s = json_string(msg);
+	char text[sizeof(((struct rpc_err *)0)->msg)];
+
+	if (s)
+		return s;
+	snprintf(text, sizeof(text), "%s", msg);
+	for (char *c = text; *c; c++)
+		if ((unsigned char)*c >= 0x80)
+			*c = '?';
+	return json_string(text);
+}
+
 static size_t
 error_line(const struct span *id, int code, const char *msg, char *out, size_t outlen)
 {
-	json_t *e = json_pack("{s:i, s:s}", "code", code, "message", msg);
+	json_t *e = json_pack("{s:i, s:o}", "code", code, "message", message_string(msg));
 	size_t len = reply_line(id, "error", e, out, outlen);
 
 	json_decref(e);

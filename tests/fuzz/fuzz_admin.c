@@ -146,7 +146,7 @@ valid_id(json_t *id)
 
 /* The shape every reply must have, and what it owes the request. */
 static void
-check_reply(json_t *q, const char *out, size_t rlen)
+check_reply(json_t *q, const char *out, size_t rlen, size_t outlen)
 {
 	json_error_t jerr;
 	json_t *r = json_loadb(out, rlen, JSON_REJECT_DUPLICATES, &jerr);
@@ -176,6 +176,9 @@ check_reply(json_t *q, const char *out, size_t rlen)
 	bool too_large = err && json_integer_value(json_object_get(err, "code")) == -32603;
 	if (qid && valid_id(qid) && !too_large)
 		REQUIRE(json_equal(qid, json_object_get(r, "id")), "reply id differs");
+	/* Every reply to one request of a line this short fits the largest buffer. */
+	REQUIRE(!too_large || outlen < REPLY_MAX, "\"reply too large\" in a %zu-byte buffer: %.*s",
+		outlen, (int)(rlen < 300 ? rlen : 300), out);
 	json_decref(r);
 }
 
@@ -205,7 +208,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
 		REQUIRE(rlen < outlen, "reply length %zu does not fit %zu", rlen, outlen);
 		if (rlen)
-			check_reply(q, reply, rlen);
+			check_reply(q, reply, rlen, outlen);
 		/* Nothing but a notification (or a batch of them) goes unanswered. */
 		if (!rlen && q && outlen == REPLY_MAX) {
 			bool silent = is_notification(q);
