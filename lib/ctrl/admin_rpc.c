@@ -18,7 +18,8 @@
  *    more than ADMIN_BATCH_MAX requests is refused with one -32600 error
  *    (bounded work per line).
  * Integers beyond 64 bits and reals beyond a double are parse errors
- * (jansson's limits), for ids as for everything else.
+ * (jansson's limits), for ids as for everything else; so is a NUL byte
+ * anywhere in the line (jansson would skip it).
  */
 #include <stdarg.h>
 #include <stdio.h>
@@ -401,11 +402,21 @@ handle_batch(struct kvp_node *n, json_t *batch, struct span text, char *out, siz
 size_t
 kvp_admin_handle(struct kvp_node *n, const char *line, size_t len, char *out, size_t outlen)
 {
-	json_error_t jerr;
-	json_t *req = json_loadb(line, len, JSON_REJECT_DUPLICATES | JSON_DECODE_ANY, &jerr);
+	const char *nul = memchr(line, '\0', len);
 	struct span text = { line, len };
+	json_error_t jerr;
+	json_t *req;
 	size_t rlen;
 
+	if (nul) {
+		/* jansson reads past a NUL byte as if it were not there; the ids' own scan would not. */
+		char msg[64];
+
+		snprintf(msg, sizeof(msg), "a NUL byte at offset %zu of the request",
+			 (size_t)(nul - line));
+		return fail_line(NULL, RPC_PARSE_ERROR, msg, out, outlen);
+	}
+	req = json_loadb(line, len, JSON_REJECT_DUPLICATES | JSON_DECODE_ANY, &jerr);
 	if (!req)
 		return fail_line(NULL, RPC_PARSE_ERROR, jerr.text, out, outlen);
 	if (json_is_array(req))

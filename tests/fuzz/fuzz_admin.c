@@ -201,7 +201,9 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	for (int lines = 0; p < end && lines < 64; lines++) {
 		const char *nl = memchr(p, '\n', (size_t)(end - p));
 		size_t len = nl ? (size_t)(nl - p) : (size_t)(end - p);
-		json_t *q = json_loadb(p, len, JSON_REJECT_DUPLICATES | JSON_DECODE_ANY, NULL);
+		/* A NUL byte makes the line a parse error (jansson alone would skip it). */
+		json_t *q = memchr(p, '\0', len) ? NULL :
+			    json_loadb(p, len, JSON_REJECT_DUPLICATES | JSON_DECODE_ANY, NULL);
 		bool was_draining = node.draining;
 		struct kvp_config cfg_before = node.cfg;
 		size_t rlen = kvp_admin_handle(&node, p, len, reply, outlen);
@@ -209,6 +211,14 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		REQUIRE(rlen < outlen, "reply length %zu does not fit %zu", rlen, outlen);
 		if (rlen)
 			check_reply(q, reply, rlen, outlen);
+		if (rlen && memchr(p, '\0', len)) {
+			json_t *r = json_loadb(reply, rlen, 0, NULL);
+			json_t *code = json_object_get(json_object_get(r, "error"), "code");
+
+			REQUIRE(json_integer_value(code) == -32700 || json_integer_value(code) == -32603,
+				"a line with a NUL byte was not a parse error: %.*s", (int)rlen, reply);
+			json_decref(r);
+		}
 		/* Nothing but a notification (or a batch of them) goes unanswered. */
 		if (!rlen && q && outlen == REPLY_MAX) {
 			bool silent = is_notification(q);

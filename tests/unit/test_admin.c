@@ -175,6 +175,20 @@ jsonrpc_conformance(void)
 	expect_reply("a number", "5", "null", -32600);
 	expect_reply("parse error", "{\"jsonrpc\":\"2.0\",\"method\"", "null", -32700);
 	expect_reply("failing request", "{\"jsonrpc\":\"2.0\",\"id\":3,\"method\":\"nope\"}", "3", -32601);
+	/* A NUL byte (which jansson alone would skip) is a parse error, and nothing runs. */
+	{
+		static const char nul[] = "{\"jsonrpc\":\"2.0\",\"method\":\"drain\",\"a\":1\0,\"id\":7}";
+		size_t len = kvp_admin_handle(&node, nul, sizeof(nul) - 1, rbuf, sizeof(rbuf) - 1);
+
+		rbuf[len] = '\0';
+		CHECK(strstr(rbuf, "\"id\":null,\"error\":{\"code\":-32700") != NULL);
+		CHECK(!node.draining);
+	}
+	/* An error quoting a request's string cut mid-character still encodes (as '?'). */
+	expect_reply("cut character",
+		     "{\"jsonrpc\":\"2.0\",\"id\":4,\"method\":\"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\u00e9\"}",
+		     "4", -32601);
+	expect_contains("cut character", "aaa?'");
 
 	/* Batches: an array of the replies, in order; notifications leave no entry. */
 	CHECK(rpc("[{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"config_get\",\"params\":{\"key\":"
