@@ -202,8 +202,9 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		const char *nl = memchr(p, '\n', (size_t)(end - p));
 		size_t len = nl ? (size_t)(nl - p) : (size_t)(end - p);
 		/* A NUL byte makes the line a parse error (jansson alone would skip it). */
-		json_t *q = memchr(p, '\0', len) ? NULL :
-			    json_loadb(p, len, JSON_REJECT_DUPLICATES | JSON_DECODE_ANY, NULL);
+		bool has_nul = memchr(p, '\0', len) != NULL;
+		json_t *q = has_nul ? NULL :
+				      json_loadb(p, len, JSON_REJECT_DUPLICATES | JSON_DECODE_ANY, NULL);
 		bool was_draining = node.draining;
 		struct kvp_config cfg_before = node.cfg;
 		size_t rlen = kvp_admin_handle(&node, p, len, reply, outlen);
@@ -211,7 +212,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		REQUIRE(rlen < outlen, "reply length %zu does not fit %zu", rlen, outlen);
 		if (rlen)
 			check_reply(q, reply, rlen, outlen);
-		if (rlen && memchr(p, '\0', len)) {
+		if (rlen && has_nul) {
 			json_t *r = json_loadb(reply, rlen, 0, NULL);
 			json_t *code = json_object_get(json_object_get(r, "error"), "code");
 

@@ -94,14 +94,20 @@ sweep(const char *what, const char *req, json_t *want_id, bool result, size_t er
 
 static char rbuf[1 << 16];
 
-/* Handle @p req; the reply text (NUL-terminated) is in rbuf. @return its length */
+/* Handle the @p len bytes at @p req; the reply text (NUL-terminated) is in rbuf. @return its length */
+static size_t
+rpc_n(const char *req, size_t len)
+{
+	size_t rlen = kvp_admin_handle(&node, req, len, rbuf, sizeof(rbuf) - 1);
+
+	rbuf[rlen] = '\0';
+	return rlen;
+}
+
 static size_t
 rpc(const char *req)
 {
-	size_t len = kvp_admin_handle(&node, req, strlen(req), rbuf, sizeof(rbuf) - 1);
-
-	rbuf[len] = '\0';
-	return len;
+	return rpc_n(req, strlen(req));
 }
 
 static void
@@ -178,9 +184,8 @@ jsonrpc_conformance(void)
 	/* A NUL byte (which jansson alone would skip) is a parse error, and nothing runs. */
 	{
 		static const char nul[] = "{\"jsonrpc\":\"2.0\",\"method\":\"drain\",\"a\":1\0,\"id\":7}";
-		size_t len = kvp_admin_handle(&node, nul, sizeof(nul) - 1, rbuf, sizeof(rbuf) - 1);
 
-		rbuf[len] = '\0';
+		CHECK(rpc_n(nul, sizeof(nul) - 1) > 0);
 		CHECK(strstr(rbuf, "\"id\":null,\"error\":{\"code\":-32700") != NULL);
 		CHECK(!node.draining);
 	}
