@@ -114,15 +114,16 @@ kvp_connect_ex(const char *sock_path, const struct kvp_connect_opts *opts, struc
 	}
 	c->sock = c->sq_doorbell = c->cq_notify = -1;
 	c->ctrl_timeout_ms = opts->ctrl_timeout_ms ? opts->ctrl_timeout_ms : KVP_CTRL_TIMEOUT_MS;
-	c->wait_spin_us = KVP_WAIT_SPIN_US;
+	c->wait_spin_us = KVP_WAIT_SPIN_AUTO;
 	const char *spin = getenv("KVPROXY_WAIT_SPIN_US");
-	if (spin && *spin) {
+	if (spin && *spin && strcmp(spin, "auto") != 0) {
 		char *end;
 		unsigned long v = strtoul(spin, &end, 10);
 
 		if (*end == '\0' && v <= 1000000)
 			c->wait_spin_us = (uint32_t)v;
 	}
+	atomic_init(&c->wait_avg_ns, 0);
 	atomic_init(&c->ctrl_gen, 0);
 	atomic_init(&c->gone, false);
 
@@ -200,7 +201,7 @@ kvp_connect(const char *sock_path, uint32_t sq_entries, uint32_t cq_entries,
 int
 kvp_set_wait_spin(struct kvp_client *c, uint32_t us)
 {
-	if (c == NULL || us > 1000000)
+	if (c == NULL || (us > 1000000 && us != KVP_WAIT_SPIN_AUTO))
 		return -EINVAL;
 	c->wait_spin_us = us;
 	return 0;
@@ -583,23 +584,24 @@ check_sock(struct kvp_client *c, short revents)
 	return (g0 & 1) || g0 != g1 ? 0 : -EPROTO;
 }
 
-int
-kvp_wait(struct kvp_client *c, struct kvp_cqe *out, uint32_t max, int timeout_ms)
+static int
+wait_cq(struct kvp_client *c, struct kvp_cqe *out, uint32_t max, int timeout_ms, uint64_t start)
 {
-	uint64_t deadline = 0;
+	uint64_t deadline = 0, spin = 0;
 	int n;
 
-	if (c == NULL || out == NULL || max == 0)
-		return -EINVAL;
 	if (timeout_ms > 0)
-		deadline = client_now_ns() + (uint64_t)timeout_ms * NSEC_PER_MSEC;
-	if (timeout_ms != 0 && c->wait_spin_us) {
+		deadline = start + (uint64_t)timeout_ms * NSEC_PER_MSEC;
+	if (timeout_ms != 0)
+		spin = client_wait_spin_ns(c->wait_spin_us,
+					   atomic_load_explicit(&c->wait_avg_ns, memory_order_relaxed));
+	if (spin) {
 		/*
 		 * A completion due within the spin costs no wake-up; the
 		 * yield leaves the CPU to whoever is runnable (on a shared
 		 * CPU often the very worker that is to post it).
 		 */
-		uint64_t now = client_now_ns(), until = now + (uint64_t)c->wait_spin_us * 1000;
+		uint64_t now = start, until = now + spin;
 
 		if (deadline && until > deadline)
 			until = deadline;
@@ -663,6 +665,27 @@ kvp_wait(struct kvp_client *c, struct kvp_cqe *out, uint32_t max, int timeout_ms
 			}
 		}
 	}
+}
+
+int
+kvp_wait(struct kvp_client *c, struct kvp_cqe *out, uint32_t max, int timeout_ms)
+{
+	if (c == NULL || out == NULL || max == 0)
+		return -EINVAL;
+	if (timeout_ms == 0)
+		return kvp_poll(c, out, max);
+
+	uint64_t start = client_now_ns();
+	int n = wait_cq(c, out, max, timeout_ms, start);
+
+	if (n >= 0 && c->wait_spin_us == KVP_WAIT_SPIN_AUTO) {
+		/* A timeout counts too: it says the waits are long. Relaxed: a hint. */
+		uint64_t avg = atomic_load_explicit(&c->wait_avg_ns, memory_order_relaxed);
+
+		atomic_store_explicit(&c->wait_avg_ns, client_wait_avg(avg, client_now_ns() - start),
+				      memory_order_relaxed);
+	}
+	return n;
 }
 
 uint32_t

@@ -41,7 +41,10 @@ struct kvp_client {
 	/* A timeout left half a message on the socket: request/reply framing is lost. */
 	bool ctrl_broken;
 	int ctrl_timeout_ms; /* -1: no bound */
-	uint32_t wait_spin_us; /* kvp_wait() polls this long before it blocks */
+	/* kvp_wait() polls this long before it blocks, or KVP_WAIT_SPIN_AUTO. */
+	uint32_t wait_spin_us;
+	/* How long kvp_wait() took to get a completion, averaged (KVP_WAIT_SPIN_AUTO). */
+	_Atomic uint64_t wait_avg_ns;
 	/* Last liveness check of the submit thread and of the completion thread. */
 	uint64_t sq_check_ns;
 	uint64_t cq_check_ns;
@@ -52,6 +55,42 @@ struct kvp_client {
 	char node_id[KVP_NODE_ID_MAX];
 	char errmsg[KVP_ERRMSG_MAX];
 };
+
+/*
+ * The adaptive spin (KVP_WAIT_SPIN_AUTO): completions that came within
+ * about twice the recent average were worth waiting for awake; an average
+ * above KVP_WAIT_SPIN_MAX_US / 2 means waits so long that one more
+ * wake-up hardly shows, so only the short spin is left.
+ */
+static inline uint64_t
+client_wait_spin_ns(uint32_t spin_us, uint64_t avg_ns)
+{
+	const uint64_t lo = (uint64_t)KVP_WAIT_SPIN_US * 1000;
+	const uint64_t hi = (uint64_t)KVP_WAIT_SPIN_MAX_US * 1000;
+
+	if (spin_us != KVP_WAIT_SPIN_AUTO)
+		return (uint64_t)spin_us * 1000;
+	if (avg_ns > hi / 2)
+		return lo;
+	return 2 * avg_ns > lo ? 2 * avg_ns : lo;
+}
+
+/*
+ * The average kvp_wait() keeps: each wait counts 1/8, and counts as no
+ * longer than 4 * KVP_WAIT_SPIN_MAX_US, so that after one long idle wait a
+ * few quick ones bring the spin back.
+ */
+static inline uint64_t
+client_wait_avg(uint64_t avg_ns, uint64_t took_ns)
+{
+	const uint64_t cap = (uint64_t)KVP_WAIT_SPIN_MAX_US * 4000;
+
+	if (took_ns > cap)
+		took_ns = cap;
+	if (took_ns >= avg_ns)
+		return avg_ns + (took_ns - avg_ns) / 8;
+	return avg_ns - (avg_ns - took_ns) / 8;
+}
 
 #pragma GCC visibility push(hidden)
 

@@ -139,19 +139,27 @@ int kvp_connect_ex(const char *sock_path, const struct kvp_connect_opts *opts,
  */
 int kvp_set_ctrl_timeout(struct kvp_client *c, int timeout_ms);
 
-/** Default of kvp_set_wait_spin(), unless $KVPROXY_WAIT_SPIN_US says otherwise at connect. */
-#define KVP_WAIT_SPIN_US 50
+/**
+ * kvp_set_wait_spin() value (and $KVPROXY_WAIT_SPIN_US=auto), the default:
+ * kvp_wait() spins about twice as long as this client's recent waits took
+ * (KVP_WAIT_SPIN_US at least), but only KVP_WAIT_SPIN_US once they take
+ * longer than KVP_WAIT_SPIN_MAX_US / 2, where a wake-up is a small part of
+ * the wait and spinning would only burn the CPU.
+ */
+#define KVP_WAIT_SPIN_AUTO   UINT32_MAX
+#define KVP_WAIT_SPIN_US     50
+#define KVP_WAIT_SPIN_MAX_US 1000
 
 /**
  * Let kvp_wait() look at the completion ring for up to @p us microseconds
  * (yielding the CPU between looks) before it blocks until the daemon wakes
  * it: a completion that comes that soon costs no wake-up, which on a host
  * whose CPUs are busy or virtual can cost tens of microseconds. The
- * environment variable KVPROXY_WAIT_SPIN_US (0 to 1000000) sets the value
- * each new client starts with.
+ * environment variable KVPROXY_WAIT_SPIN_US (0 to 1000000, or "auto") sets
+ * the value each new client starts with.
  *
- * @param us  0: block at once
- * @return 0; -EINVAL (NULL client, us above 1000000)
+ * @param us  0: block at once; KVP_WAIT_SPIN_AUTO: adapt (the default)
+ * @return 0; -EINVAL (NULL client, us above 1000000 and not KVP_WAIT_SPIN_AUTO)
  */
 int kvp_set_wait_spin(struct kvp_client *c, uint32_t us);
 

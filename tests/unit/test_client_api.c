@@ -62,6 +62,7 @@ null_arguments(void)
 	CHECK_EQ(kvp_connect_ex("/x", &bad, &c, err, sizeof(err)), -EINVAL);
 	CHECK_EQ(kvp_connect_ex("/x", &bad2, &c, err, sizeof(err)), -EINVAL);
 	CHECK_EQ(kvp_set_ctrl_timeout(NULL, 100), -EINVAL);
+	CHECK_EQ(kvp_set_wait_spin(NULL, KVP_WAIT_SPIN_AUTO), -EINVAL);
 	kvp_close(NULL);
 	CHECK(strcmp(kvp_last_error(NULL), "no client") == 0);
 	CHECK(strcmp(kvp_node_id(NULL), "") == 0);
