@@ -4,9 +4,13 @@
 # (DPDK, liburing, libconfig, jansson, verbs, OpenSSL; DPDK's mempool ring
 # driver too) into DEST, for a host that has none of those packages (the
 # binaries are built for baseline x86-64). The build-tree layout is kept, so
-# the $ORIGIN rpaths still find libkvproxy. On the target:
+# the $ORIGIN rpaths still find libkvproxy. iproute2's ip goes into
+# DEST/bin (the benchmarks' network namespaces need it; GPU hosts, often
+# containers, may have none), its libraries beside it in DEST/ip, where they
+# shadow nothing else of the target's. On the target:
 #   export LD_LIBRARY_PATH=DEST/libs KVP_EAL_EXTRA="-d DEST/libs/librte_mempool_ring.so.23"
 #   DEST/build/app/kvproxyd -l 0,1 --no-huge --no-shconf $KVP_EAL_EXTRA -- -c CONF
+#   PATH=DEST/bin:$PATH tools/bench/latency.sh DEST/build ...
 set -euo pipefail
 [[ $# -ge 1 ]] || { echo "usage: $0 DEST [BUILD_DIR]" >&2; exit 2; }
 DEST=$1
@@ -30,4 +34,16 @@ ring=$(find /usr/lib/x86_64-linux-gnu/dpdk -name 'librte_mempool_ring.so.*' -typ
 	grep -vE '/(libc|libm|libdl|libpthread|librt|ld-linux-x86-64)\.so' | grep -v "^$B" |
 	while read -r lib; do cp -L "$lib" "$DEST/libs/"; done
 [[ -z $ring ]] || cp -L "$ring" "$DEST/libs/librte_mempool_ring.so.23"
+if ip=$(command -v ip); then
+	mkdir -p "$DEST/bin" "$DEST/ip"
+	cp -L "$ip" "$DEST/ip/ip"
+	ldd "$ip" | awk '$3 ~ /^\// { print $3 }' |
+		grep -vE '/(libc|libm|libdl|libpthread|librt|ld-linux-x86-64)\.so' |
+		while read -r lib; do cp -L "$lib" "$DEST/ip/"; done
+	# The loader's --library-path, not LD_LIBRARY_PATH: what `ip netns
+	# exec` starts must not inherit these libraries.
+	# shellcheck disable=SC2016 # expanded when the wrapper runs
+	printf '#!/bin/sh\nd=$(dirname "$(readlink -f "$0")")/../ip\nexec /lib64/ld-linux-x86-64.so.2 --library-path "$d" "$d/ip" "$@"\n' >"$DEST/bin/ip"
+	chmod +x "$DEST/bin/ip"
+fi
 echo "bundle in $DEST: $(find "$DEST" -type f | wc -l) files, $(du -sh "$DEST" | cut -f1)"
