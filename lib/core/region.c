@@ -40,13 +40,15 @@
 int
 kvp_region_table_init(struct kvp_region_table *t, uint32_t max)
 {
+	struct kvp_region *slots;
+
 	if (max == 0 || max > SLOT_MASK)
 		return -EINVAL;
-	t->slots = calloc(max, sizeof(*t->slots));
-	if (!t->slots)
+	slots = calloc(max, sizeof(*slots));
+	if (!slots)
 		return -ENOMEM;
-	t->size = max;
-	t->used = 0;
+	/* Every field: a table on the stack must not defer releases to garbage. */
+	*t = (struct kvp_region_table){ .size = max, .slots = slots };
 	return 0;
 }
 
