@@ -25,6 +25,15 @@ now() { date +%s.%N; }
 before() { awk -v d="$1" -v n="$(now)" 'BEGIN { exit !(n < d) }'; }
 deadline_in() { awk -v s="$1" -v n="$(now)" 'BEGIN { printf "%.3f", n + s }'; }
 
+# python3 through a version manager's shim (pyenv's is a bash script) costs
+# 0.2 s a call on the development VM and seconds inside the rdma suite's TCG
+# VM, and every JSON check below is one: the interpreter's own directory goes
+# first in PATH, for this script and everything it starts.
+if _kvp_py=$(python3 -c 'import sys; print(sys.executable)' 2>/dev/null) && [[ -x $_kvp_py ]]; then
+	PATH=$(dirname "$_kvp_py"):$PATH
+fi
+unset _kvp_py
+
 # Poll interval of the bounded waits below: they re-check a condition until a
 # deadline, they never wait a fixed time for something to have happened.
 KVP_POLL=0.1
@@ -487,7 +496,7 @@ release_worker0() {
 stats_json() { ctl "$1" --json stats; }
 # worker_lcores NODE: its worker lcores, comma-separated (the CPUs with -l).
 worker_lcores() {
-	ctl "$1" --json stats | python3 -c 'import json, sys; print(",".join(str(w["lcore"]) for w in json.load(sys.stdin)["workers"]))'
+	ctl "$1" --json stats | python3 -S -c 'import json, sys; print(",".join(str(w["lcore"]) for w in json.load(sys.stdin)["workers"]))'
 }
 
 KVP_PYEVAL='
@@ -503,11 +512,11 @@ else:
 '
 
 # json_get FILE EXPR: prints EXPR.
-json_get() { python3 -c "$KVP_PYEVAL" get "$1" "$2"; }
+json_get() { python3 -S -c "$KVP_PYEVAL" get "$1" "$2"; }
 
 # json_check FILE EXPR MESSAGE: fails the test unless EXPR is true.
 json_check() {
-	if ! python3 -c "$KVP_PYEVAL" check "$1" "$2"; then
+	if ! python3 -S -c "$KVP_PYEVAL" check "$1" "$2"; then
 		log "document: $(head -c 4000 "$1")"
 		fail "$3 (check: $2)"
 	fi
@@ -521,7 +530,7 @@ wait_json() {
 	while before "$dl"; do
 		daemon_alive "$id" || fail "kvproxyd $id died while waiting for: $what"
 		if ctl "$id" --json "$method" >"$f" 2>/dev/null &&
-			python3 -c "$KVP_PYEVAL" check "$f" "$expr" 2>/dev/null; then
+			python3 -S -c "$KVP_PYEVAL" check "$f" "$expr" 2>/dev/null; then
 			return 0
 		fi
 		sleep "$KVP_POLL"
