@@ -21,6 +21,12 @@ BINS=(app/kvproxyd tools/kvproxyctl/kvproxyctl tools/bench/kvproxy-bench lib/cli
 for f in tools/bench/kvp-stage-copy-bench tools/bench/kvp-tcp-stream tools/bench/kvp-latency-bench; do
 	[[ -x $B/$f ]] && BINS+=("$f")
 done
+# copy_libs DIR: the libraries in the ldd output on stdin, beyond glibc and this build's own.
+copy_libs() {
+	awk '$3 ~ /^\// { print $3 }' | sort -u |
+		grep -vE '/(libc|libm|libdl|libpthread|librt|ld-linux-x86-64)\.so' | grep -v "^$B" |
+		while read -r lib; do cp -L "$lib" "$1/"; done
+}
 mkdir -p "$DEST/libs"
 for f in "${BINS[@]}"; do
 	mkdir -p "$DEST/build/$(dirname "$f")"
@@ -30,16 +36,12 @@ ring=$(find /usr/lib/x86_64-linux-gnu/dpdk -name 'librte_mempool_ring.so.*' -typ
 {
 	for f in "${BINS[@]}"; do ldd "$B/$f"; done
 	[[ -z $ring ]] || ldd "$ring"
-} | awk '$3 ~ /^\// { print $3 }' | sort -u |
-	grep -vE '/(libc|libm|libdl|libpthread|librt|ld-linux-x86-64)\.so' | grep -v "^$B" |
-	while read -r lib; do cp -L "$lib" "$DEST/libs/"; done
+} | copy_libs "$DEST/libs"
 [[ -z $ring ]] || cp -L "$ring" "$DEST/libs/librte_mempool_ring.so.23"
 if ip=$(command -v ip); then
 	mkdir -p "$DEST/bin" "$DEST/ip"
 	cp -L "$ip" "$DEST/ip/ip"
-	ldd "$ip" | awk '$3 ~ /^\// { print $3 }' |
-		grep -vE '/(libc|libm|libdl|libpthread|librt|ld-linux-x86-64)\.so' |
-		while read -r lib; do cp -L "$lib" "$DEST/ip/"; done
+	ldd "$ip" | copy_libs "$DEST/ip"
 	# The loader's --library-path, not LD_LIBRARY_PATH: what `ip netns
 	# exec` starts must not inherit these libraries.
 	# shellcheck disable=SC2016 # expanded when the wrapper runs

@@ -584,17 +584,16 @@ check_sock(struct kvp_client *c, short revents)
 	return (g0 & 1) || g0 != g1 ? 0 : -EPROTO;
 }
 
+/* kvp_wait() with @p timeout_ms != 0 (0 is a plain kvp_poll()), begun at @p start. */
 static int
 wait_cq(struct kvp_client *c, struct kvp_cqe *out, uint32_t max, int timeout_ms, uint64_t start)
 {
-	uint64_t deadline = 0, spin = 0;
+	uint64_t avg = atomic_load_explicit(&c->wait_avg_ns, memory_order_relaxed);
+	uint64_t deadline = 0, spin = client_wait_spin_ns(c->wait_spin_us, avg);
 	int n;
 
 	if (timeout_ms > 0)
 		deadline = start + (uint64_t)timeout_ms * NSEC_PER_MSEC;
-	if (timeout_ms != 0)
-		spin = client_wait_spin_ns(c->wait_spin_us,
-					   atomic_load_explicit(&c->wait_avg_ns, memory_order_relaxed));
 	if (spin) {
 		/*
 		 * A completion due within the spin costs no wake-up; the
@@ -613,7 +612,7 @@ wait_cq(struct kvp_client *c, struct kvp_cqe *out, uint32_t max, int timeout_ms,
 
 	for (;;) {
 		n = kvp_poll(c, out, max);
-		if (n != 0 || timeout_ms == 0)
+		if (n != 0)
 			return n;
 
 		struct timespec ts, *tsp = NULL;
