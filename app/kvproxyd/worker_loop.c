@@ -2,8 +2,12 @@
 /*
  * Worker lcore poll loop. One iteration: control messages, client
  * submissions, transport progress (one io_uring submit), timers. A loop that
- * finds nothing for poll.idle_us blocks on the worker's doorbell and the
- * transport's completion fd, so that idle sidecars leave the CPU to others.
+ * finds nothing for a while blocks on the worker's doorbell and the
+ * transport's completion fd, so that idle sidecars leave the CPU to others:
+ * after poll.idle_us, or after about twice the recent gaps between going
+ * idle and finding work again while those stay under poll.idle_max_us / 2
+ * (kvp_backoff.h: the next transfer's bytes or its ACK are then due soon,
+ * and a wake-up from another CPU costs more than the wait).
  */
 #include <errno.h>
 #include <poll.h>
@@ -11,6 +15,7 @@
 
 #include <rte_pause.h>
 
+#include "kvp_backoff.h"
 #include "kvp_ctrl.h"
 #include "kvproxyd.h"
 
@@ -53,7 +58,8 @@ int
 kvp_worker_loop(void *arg)
 {
 	struct kvp_worker *w = arg;
-	uint64_t prev = kvp_mono_ns(), idle_since = prev;
+	uint64_t prev = kvp_mono_ns(), idle_since = prev, gap_avg = 0;
+	bool idle = false;
 
 	KVP_LOG(INFO, app, "worker %u running on lcore %u (%s transport, %s)", w->idx, w->lcore,
 		w->tp[0].ops->name, w->cfg->busy_poll ? "busy-poll" : "adaptive polling");
@@ -68,8 +74,16 @@ kvp_worker_loop(void *arg)
 		KVP_STAT_ADD(w->stats.loops, 1);
 		if (work) {
 			KVP_STAT_ADD(w->stats.busy_ns, now - prev);
+			if (idle) {
+				/* One sample: how long the work took to come; 4x the cap at most. */
+				uint64_t cap = (uint64_t)KVP_STAT_READ(w->cfg->idle_max_us) * 4000;
+
+				gap_avg = kvp_backoff_avg(gap_avg, now - idle_since, cap);
+				idle = false;
+			}
 			idle_since = now;
 		} else {
+			idle = true;
 			KVP_STAT_ADD(w->stats.idle_ns, now - prev);
 			/* Runtime knobs (config_set): relaxed loads of the main lcore's stores. */
 			bool busy = KVP_STAT_READ(w->cfg->busy_poll);
@@ -77,7 +91,12 @@ kvp_worker_loop(void *arg)
 			if (busy) {
 				rte_pause();
 			} else {
-				if (now - idle_since >= (uint64_t)KVP_STAT_READ(w->cfg->idle_us) * 1000)
+				uint64_t spin = kvp_backoff_spin_ns(
+					gap_avg, (uint64_t)KVP_STAT_READ(w->cfg->idle_us) * 1000,
+					(uint64_t)KVP_STAT_READ(w->cfg->idle_max_us) * 1000);
+
+				KVP_STAT_SET(w->stats.idle_spin_ns, spin);
+				if (now - idle_since >= spin)
 					worker_sleep(w);
 				else if (kvp_worker_spin_after_done(w, now, SPIN_AFTER_DONE_NS))
 					rte_pause();
@@ -87,7 +106,7 @@ kvp_worker_loop(void *arg)
 					 * is runnable here: on a shared CPU that is often
 					 * the very thread that must answer (a client
 					 * reading its completion, the peer's worker),
-					 * which a spin would hold off for poll.idle_us.
+					 * which a spin would hold off for the whole spin.
 					 */
 					sched_yield();
 				/*

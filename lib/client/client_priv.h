@@ -13,6 +13,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "kvp_backoff.h"
 #include "kvproxy.h"
 
 #define HELLO_FDS     3
@@ -57,39 +58,24 @@ struct kvp_client {
 };
 
 /*
- * The adaptive spin (KVP_WAIT_SPIN_AUTO): completions that came within
- * about twice the recent average were worth waiting for awake; an average
- * above KVP_WAIT_SPIN_MAX_US / 2 means waits so long that one more
- * wake-up hardly shows, so only the short spin is left.
+ * The adaptive spin (KVP_WAIT_SPIN_AUTO, kvp_backoff.h): from
+ * KVP_WAIT_SPIN_US up to twice the average wait while that stays under
+ * KVP_WAIT_SPIN_MAX_US / 2.
  */
 static inline uint64_t
 client_wait_spin_ns(uint32_t spin_us, uint64_t avg_ns)
 {
-	const uint64_t lo = (uint64_t)KVP_WAIT_SPIN_US * 1000;
-	const uint64_t hi = (uint64_t)KVP_WAIT_SPIN_MAX_US * 1000;
-
 	if (spin_us != KVP_WAIT_SPIN_AUTO)
 		return (uint64_t)spin_us * 1000;
-	if (avg_ns > hi / 2)
-		return lo;
-	return 2 * avg_ns > lo ? 2 * avg_ns : lo;
+	return kvp_backoff_spin_ns(avg_ns, (uint64_t)KVP_WAIT_SPIN_US * 1000,
+				   (uint64_t)KVP_WAIT_SPIN_MAX_US * 1000);
 }
 
-/*
- * The average kvp_wait() keeps: each wait counts 1/8, and counts as no
- * longer than 4 * KVP_WAIT_SPIN_MAX_US, so that after one long idle wait a
- * few quick ones bring the spin back.
- */
+/* The average kvp_wait() keeps: one wait counts as no more than 4 * KVP_WAIT_SPIN_MAX_US. */
 static inline uint64_t
 client_wait_avg(uint64_t avg_ns, uint64_t took_ns)
 {
-	const uint64_t cap = (uint64_t)KVP_WAIT_SPIN_MAX_US * 4000;
-
-	if (took_ns > cap)
-		took_ns = cap;
-	if (took_ns >= avg_ns)
-		return avg_ns + (took_ns - avg_ns) / 8;
-	return avg_ns - (avg_ns - took_ns) / 8;
+	return kvp_backoff_avg(avg_ns, took_ns, (uint64_t)KVP_WAIT_SPIN_MAX_US * 4000);
 }
 
 #pragma GCC visibility push(hidden)

@@ -57,6 +57,7 @@ const struct conf_row config_rows[] = {
 	U32_RT("timeouts.fence_hold_ms", fence_hold_ms, 1, 86400000, 60000),
 	{ "poll.busy", CT_BOOL, F(busy_poll), 0, 0, 0, NULL, RT },
 	U32_RT("poll.idle_us", idle_us, 0, 10000000, 20),
+	U32_RT("poll.idle_max_us", idle_max_us, 0, 10000000, 1000),
 	U32("tcp.frame_max", tcp_frame_max, 4096, 1u << 30, 4u << 20),
 	U32("tcp.rx_buffer", tcp_rx_buffer, 4096, 1u << 30, 256u << 10),
 	U32("tcp.tx_frames", tcp_tx_frames, 8, 65536, 512),

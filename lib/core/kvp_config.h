@@ -88,7 +88,8 @@ struct kvp_config {
 
 	bool busy_poll;
 	bool busy_poll_set; /**< poll.busy was given in the file (else cores = "auto" may choose it) */
-	uint32_t idle_us;
+	uint32_t idle_us;     /**< an idle worker polls at least this long before it blocks */
+	uint32_t idle_max_us; /**< and up to this long while work keeps coming soon (0: idle_us only) */
 
 	uint32_t tcp_frame_max;
 	uint32_t tcp_rx_buffer;

@@ -49,6 +49,7 @@ struct kvp_worker_stats {
 	uint64_t busy_ns;
 	uint64_t idle_ns;
 	uint64_t sleeps;
+	uint64_t idle_spin_ns; /**< how long the worker now polls when idle before it blocks */
 	uint64_t xfers_submitted;
 	uint64_t xfers_landed;
 	uint64_t inflight_hwm; /**< most transfer slots ever in use at once */

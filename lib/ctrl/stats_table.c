@@ -565,6 +565,10 @@ const struct stat_row stat_rows[] = {
 	  .help = "Time worker loops found none." },
 	{ "workers", "sleeps", "kvproxy_worker_sleeps_total", W1(sleeps),
 	  .help = "Times a worker blocked when idle." },
+	{ "workers", "idle_spin_ns", "kvproxy_worker_idle_spin_seconds", W1(idle_spin_ns), G,
+	  .unit = SU_NS,
+	  .help = "How long the worker now polls when idle before it blocks: poll.idle_us, or "
+		  "twice the recent wait for work up to poll.idle_max_us." },
 	{ "workers", "clients", "kvproxy_worker_clients", FN(worker_clients), G,
 	  .help = "Clients the worker owns (their transfers, completions and fences)." },
 	{ "workers", "inflight", "kvproxy_worker_transfers_inflight", FN(worker_inflight), G,

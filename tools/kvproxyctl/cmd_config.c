@@ -22,8 +22,8 @@ config_usage(FILE *f, const char *cmd)
 			"\n"
 			"Change a runtime knob, e.g. log_level, timeouts.default_ms,\n"
 			"timeouts.admission_ms, timeouts.admin_ms, timeouts.admin_idle_ms,\n"
-			"poll.busy, poll.idle_us, stats.enabled, stats.file, stats.interval_ms,\n"
-			"stats.slowest_window_s. VALUE is checked against the same bounds as\n"
+			"poll.busy, poll.idle_us, poll.idle_max_us, stats.enabled, stats.file,\n"
+			"stats.interval_ms, stats.slowest_window_s. VALUE is checked against the same bounds as\n"
 			"the configuration file. Keys fixed at start are refused with the\n"
 			"reason (exit status 1).\n",
 			prog);

@@ -43,7 +43,7 @@ static const char *const cols_clients[] = {
 };
 static const char *const cols_workers[] = {
 	"worker",   "lcore",    "clients",  "inflight",	      "links_up",      "tx_bytes",
-	"rx_bytes", "busy_ns",	"idle_ns",  "sleeps",	      "loops",	       "xfers_submitted",
+	"rx_bytes", "busy_ns",	"idle_ns",  "sleeps",	      "idle_spin_ns", "loops",	       "xfers_submitted",
 	"xfers_landed", "landings_forwarded", "messages_lost", NULL,
 };
 static const char *const cols_latency[] = {
