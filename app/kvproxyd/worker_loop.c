@@ -59,7 +59,6 @@ kvp_worker_loop(void *arg)
 {
 	struct kvp_worker *w = arg;
 	uint64_t prev = kvp_mono_ns(), idle_since = prev, gap_avg = 0;
-	bool idle = false;
 
 	KVP_LOG(INFO, app, "worker %u running on lcore %u (%s transport, %s)", w->idx, w->lcore,
 		w->tp[0].ops->name, w->cfg->busy_poll ? "busy-poll" : "adaptive polling");
@@ -74,16 +73,18 @@ kvp_worker_loop(void *arg)
 		KVP_STAT_ADD(w->stats.loops, 1);
 		if (work) {
 			KVP_STAT_ADD(w->stats.busy_ns, now - prev);
-			if (idle) {
-				/* One sample: how long the work took to come; 4x the cap at most. */
+			/*
+			 * The pass before found nothing (it left prev past the last
+			 * busy pass): one sample of how long the work took to come,
+			 * counted as 4x the cap at most.
+			 */
+			if (prev != idle_since) {
 				uint64_t cap = (uint64_t)KVP_STAT_READ(w->cfg->idle_max_us) * 4000;
 
 				gap_avg = kvp_backoff_avg(gap_avg, now - idle_since, cap);
-				idle = false;
 			}
 			idle_since = now;
 		} else {
-			idle = true;
 			KVP_STAT_ADD(w->stats.idle_ns, now - prev);
 			/* Runtime knobs (config_set): relaxed loads of the main lcore's stores. */
 			bool busy = KVP_STAT_READ(w->cfg->busy_poll);

@@ -23,9 +23,9 @@ config_usage(FILE *f, const char *cmd)
 			"Change a runtime knob, e.g. log_level, timeouts.default_ms,\n"
 			"timeouts.admission_ms, timeouts.admin_ms, timeouts.admin_idle_ms,\n"
 			"poll.busy, poll.idle_us, poll.idle_max_us, stats.enabled, stats.file,\n"
-			"stats.interval_ms, stats.slowest_window_s. VALUE is checked against the same bounds as\n"
-			"the configuration file. Keys fixed at start are refused with the\n"
-			"reason (exit status 1).\n",
+			"stats.interval_ms, stats.slowest_window_s. VALUE is checked against\n"
+			"the same bounds as the configuration file. Keys fixed at start are\n"
+			"refused with the reason (exit status 1).\n",
 			prog);
 	else if (strcmp(cmd, "log_level") == 0)
 		fprintf(f,

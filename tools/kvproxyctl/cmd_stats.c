@@ -43,8 +43,8 @@ static const char *const cols_clients[] = {
 };
 static const char *const cols_workers[] = {
 	"worker",   "lcore",    "clients",  "inflight",	      "links_up",      "tx_bytes",
-	"rx_bytes", "busy_ns",	"idle_ns",  "sleeps",	      "idle_spin_ns", "loops",	       "xfers_submitted",
-	"xfers_landed", "landings_forwarded", "messages_lost", NULL,
+	"rx_bytes", "busy_ns",	"idle_ns",  "sleeps",	      "idle_spin_ns",  "loops",
+	"xfers_submitted", "xfers_landed", "landings_forwarded", "messages_lost", NULL,
 };
 static const char *const cols_latency[] = {
 	"peer", "direction", "phase", "count", "mean_us", "p50_us", "p99_us", "sum_us", NULL,
