@@ -37,6 +37,9 @@ __all__ = [
 
 _U64_MAX = (1 << 64) - 1
 _U32_MAX = (1 << 32) - 1
+# kvp_set_wait_spin(): KVP_WAIT_SPIN_AUTO, and the largest fixed spin it takes.
+_WAIT_SPIN_AUTO = _U32_MAX
+_WAIT_SPIN_MAX_US = 1000000
 # kvp_wait() is called in slices of at most this long, so that Ctrl-C, close()
 # from another thread and a finite timeout are all noticed promptly.
 _WAIT_SLICE_MS = 200
@@ -724,3 +727,25 @@ class Client:
                     return self._completions(buf, n)
             if slice_ms == 0:
                 return []
+
+    def set_wait_spin(self, us: Optional[int]) -> None:
+        """Let :meth:`wait` look at the completion ring for up to ``us``
+        microseconds before it blocks until the daemon wakes it (a completion
+        that comes that soon costs no wake-up).
+
+        :param us: 0 to 1000000; 0 = block at once; None = adapt to this
+            client's recent waits (the default, and what
+            ``$KVPROXY_WAIT_SPIN_US=auto`` starts a client with).
+        :raises InvalidArgument: ``us`` is not None or an int in that range.
+        """
+        if us is None:
+            val = _WAIT_SPIN_AUTO
+        elif isinstance(us, int) and not isinstance(us, bool) and 0 <= us <= _WAIT_SPIN_MAX_US:
+            val = us
+        else:
+            raise InvalidArgument(errno.EINVAL, "set_wait_spin",
+                                  detail=f"us must be None or an int in [0, {_WAIT_SPIN_MAX_US}], got {us!r}")
+        with self._cq_lock:
+            rc = self._lib.kvp_set_wait_spin(self._handle("set_wait_spin"), val)
+        if rc < 0:
+            raise error_for(rc, "set_wait_spin")

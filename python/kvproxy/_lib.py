@@ -171,6 +171,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     fn("kvp_poll", c_int, _c_client_p, P(Cqe_t), u32)
     fn("kvp_wait", c_int, _c_client_p, P(Cqe_t), u32, c_int)
     fn("kvp_overflow", u32, _c_client_p)
+    fn("kvp_set_wait_spin", c_int, _c_client_p, u32)
     fn("kvp_host_alloc", c_int, ctypes.c_size_t, P(c_int), P(ctypes.c_void_p))
     fn("kvp_host_free", None, c_int, ctypes.c_void_p, ctypes.c_size_t)
     fn("kvp_status_str", c_char_p, c_int)

@@ -121,6 +121,19 @@ class ErrorTest(tb.PairTestCase):
             self.p.poll(max=0)
         with self.assertRaises(kvproxy.InvalidArgument):
             self.p.wait(timeout=-1)
+        for bad in (-1, 1000001, 2.5, True, "50"):
+            with self.assertRaises(kvproxy.InvalidArgument, msg=repr(bad)):
+                self.p.set_wait_spin(bad)
+
+    def test_wait_spin_settings(self) -> None:
+        # Each accepted setting still delivers the completion (0: kvp_wait()
+        # blocks at once and the daemon's wake-up must come).
+        for i, us in enumerate((0, 1000000, 50, None)):
+            self.p.set_wait_spin(us)
+            self.src_buf[:4096] = bytes([i + 1]) * 4096
+            done = self.run_xfer([(self.src.key, 0, self.dst.key, 0, 4096)])
+            self.assertTrue(done.ok, done)
+            self.assertEqual(bytes(self.dst_buf[:4096]), bytes(self.src_buf[:4096]))
 
     def test_deregister_twice(self) -> None:
         with kvproxy.HostBuffer(65536) as b:
