@@ -4,10 +4,10 @@
 # (DPDK, liburing, libconfig, jansson, verbs, OpenSSL; DPDK's mempool ring
 # driver too) into DEST, for a host that has none of those packages (the
 # binaries are built for baseline x86-64). The build-tree layout is kept, so
-# the $ORIGIN rpaths still find libkvproxy. iproute2's ip goes into
-# DEST/bin (the benchmarks' network namespaces need it; GPU hosts, often
-# containers, may have none), its libraries beside it in DEST/ip, where they
-# shadow nothing else of the target's. On the target:
+# the $ORIGIN rpaths still find libkvproxy. The benchmarks' network tools
+# (iproute2's ip and nstat, iperf3; GPU hosts, often containers, may have
+# none) go into DEST/bin as wrappers, their libraries in DEST/tools, where
+# they shadow nothing else of the target's. On the target:
 #   export LD_LIBRARY_PATH=DEST/libs KVP_EAL_EXTRA="-d DEST/libs/librte_mempool_ring.so.23"
 #   DEST/build/app/kvproxyd -l 0,1 --no-huge --no-shconf $KVP_EAL_EXTRA -- -c CONF
 #   PATH=DEST/bin:$PATH tools/bench/latency.sh DEST/build ...
@@ -38,14 +38,18 @@ ring=$(find /usr/lib/x86_64-linux-gnu/dpdk -name 'librte_mempool_ring.so.*' -typ
 	[[ -z $ring ]] || ldd "$ring"
 } | copy_libs "$DEST/libs"
 [[ -z $ring ]] || cp -L "$ring" "$DEST/libs/librte_mempool_ring.so.23"
-if ip=$(command -v ip); then
-	mkdir -p "$DEST/bin" "$DEST/ip"
-	cp -L "$ip" "$DEST/ip/ip"
-	ldd "$ip" | copy_libs "$DEST/ip"
-	# The loader's --library-path, not LD_LIBRARY_PATH: what `ip netns
-	# exec` starts must not inherit these libraries.
+# bundle_tool NAME: NAME into DEST/tools, its libraries beside it, and a
+# wrapper in DEST/bin. The loader's --library-path, not LD_LIBRARY_PATH:
+# what `ip netns exec` starts must not inherit these libraries.
+bundle_tool() {
+	local path
+	path=$(command -v "$1") || { echo "bundle: no $1 here, left out" >&2; return 0; }
+	mkdir -p "$DEST/bin" "$DEST/tools"
+	cp -L "$path" "$DEST/tools/$1"
+	ldd "$path" | copy_libs "$DEST/tools"
 	# shellcheck disable=SC2016 # expanded when the wrapper runs
-	printf '#!/bin/sh\nd=$(dirname "$(readlink -f "$0")")/../ip\nexec /lib64/ld-linux-x86-64.so.2 --library-path "$d" "$d/ip" "$@"\n' >"$DEST/bin/ip"
-	chmod +x "$DEST/bin/ip"
-fi
+	printf '#!/bin/sh\nd=$(dirname "$(readlink -f "$0")")/../tools\nexec /lib64/ld-linux-x86-64.so.2 --library-path "$d" "$d/%s" "$@"\n' "$1" >"$DEST/bin/$1"
+	chmod +x "$DEST/bin/$1"
+}
+for t in ip nstat iperf3; do bundle_tool "$t"; done
 echo "bundle in $DEST: $(find "$DEST" -type f | wc -l) files, $(du -sh "$DEST" | cut -f1)"
