@@ -385,9 +385,9 @@ tcp_start_send(struct tcp_ctx *t, struct tcp_conn *c)
 	uint64_t bytes = 0;
 
 	/*
-	 * Gather at most about one frame_max (SEND_GATHER_MAX) of bytes:
-	 * enough for line rate, and a cancelled transfer never waits long for
-	 * frames already given to the kernel.
+	 * Gather at most about frame_max or SEND_GATHER_MAX bytes, whichever
+	 * is less: enough for line rate, and a cancelled transfer never waits
+	 * long for frames already given to the kernel.
 	 */
 	/* The planner keeps a frame within iov_max; gathers stop before one that does not fit. */
 	uint64_t gmax = t->frame_max < SEND_GATHER_MAX ? t->frame_max : SEND_GATHER_MAX;
