@@ -555,8 +555,11 @@ tcp_rx_fence(struct tcp_ctx *t, const struct kvp_fence *f, bool force)
 			c->rx_ent->status = KVP_EREMOTE;
 			KVP_STAT_ADD(t->w->stats.fenced_xfers, 1);
 		}
-		/* A recv into a staging buffer is harmless: its copy is skipped. */
-		if (c->recv_busy && c->recv_direct && c->rx_stage < 0) {
+		if (c->recv_busy && c->recv_direct) {
+			/* A recv into a staging buffer is harmless (its copy is skipped), but the
+			 * buffer is its own until it returns: landed() ends the body then. */
+			if (c->rx_stage >= 0)
+				continue;
 			if (force)
 				tcp_conn_fail(t, c, "fence forced: a receive into the region did not end");
 			busy++;
