@@ -61,8 +61,9 @@ struct kvp_transport_ops {
 	void (*destroy)(void *tctx);
 	/**
 	 * Take over handshaken connection @p link (< tcp.connections) of a
-	 * peer (fd ownership passes); NULL for a transport without
-	 * connections of its own. @return 0 or negative errno
+	 * peer (the fd is the transport's on success, the caller's on error);
+	 * NULL for a transport without connections of its own. @return 0 or
+	 * negative errno (-EEXIST: that link is up and this one a duplicate)
 	 */
 	int (*attach)(void *tctx, uint16_t peer, uint8_t link, int fd, bool outgoing,
 		      uint64_t epoch);

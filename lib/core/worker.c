@@ -624,7 +624,12 @@ kvp_worker_inbox(struct kvp_worker *w)
 			rc = m->peer < w->npeers && w->peers[m->peer].state == KVP_WP_OPEN
 				     ? route_attach(w, m->peer, m->link, m->fd, m->outgoing, m->epoch)
 				     : -ENOENT;
-			if (rc < 0) {
+			if (rc == -EEXIST && !m->outgoing) {
+				/* A second inbound link of one number: the live one stays up. */
+				close(m->fd);
+				KVP_LOG_RL(WARNING, core, "peer %u: a second link %u while it is up: refused",
+					   m->peer, m->link);
+			} else if (rc < 0) {
 				close(m->fd);
 				worker_send_main(w, KVP_MSG_CONN_DOWN, m->peer, m->link, m->outgoing, NULL,
 					  "transport refused the connection");

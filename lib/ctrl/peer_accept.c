@@ -115,7 +115,9 @@ pending_refuse(struct kvp_node *n, struct kvp_pending_conn *pc, const char *who,
 	if (send(pc->fd, buf, sizeof(buf), MSG_DONTWAIT | MSG_NOSIGNAL) < 0) {
 		/* The refusal is a courtesy; the close says the same. */
 	}
-	KVP_LOG_RL(WARNING, core, "peer '%s' refused: %s", who, peer_hello_err_str(status));
+	/* The id is the remote's, unchecked: only a well-formed one reaches the log. */
+	KVP_LOG_RL(WARNING, core, "peer '%s' refused: %s",
+		   kvp_config_node_id_ok(who) ? who : "(malformed node id)", peer_hello_err_str(status));
 	pending_close(n, pc, false);
 }
 

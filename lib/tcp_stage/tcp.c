@@ -321,6 +321,8 @@ tcp_attach(void *tctx, uint16_t peer, uint8_t link, int fd, bool outgoing, uint6
 	    link >= KVP_LINKS_MAX)
 		return -EINVAL;
 	struct tcp_conn *c = &t->conns[id];
+	if (c->state == CONN_UP)
+		return -EEXIST; /* the link is up: a duplicate */
 	if (c->state != CONN_FREE)
 		return -EBUSY; /* the old connection is still draining */
 	c->state = CONN_UP;

@@ -365,6 +365,15 @@ on_ack(struct tcp_ctx *t, struct tcp_conn *c, const struct kvp_wire_hdr *h)
 		ctl_frame(t, c, h, NULL); /* another transport's transfer */
 		return;
 	}
+	/* Tags are this node's, not the peer's: only the link that carried a transfer ends it. */
+	if (x && (x->peer != c->peer || x->t_conn != c->id)) {
+		if (x->peer != c->peer) {
+			KVP_STAT_ADD(t->w->stats.peer[c->peer].bad_frames, 1);
+			KVP_LOG_RL(WARNING, tcp, "peer %u: ACK for tag %016" PRIx64 " sent to peer %u: ignored",
+				   c->peer, h->tag, x->peer);
+		}
+		return;
+	}
 	/*
 	 * A stale tag is a transfer that already ended (cancelled, timed out).
 	 * TX_FRAMED is fine: the ACK can overtake the completion of the send

@@ -1,0 +1,130 @@
+# SPDX-License-Identifier: BSD-3-Clause
+"""A scripted peer node on kvproxy's TCP wire (lib/core/kvp_wire.h), for tests
+that need a peer to misbehave on purpose: unauthenticated handshakes only.
+
+FakeNode listens like a kvproxyd (answers HELLO, PINGs, and ENDs with an ACK
+when told to) and records the DATA/END tags it saw; dial() opens a link to a
+kvproxyd as a named node would.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+import threading
+from typing import List, Optional, Tuple
+
+MAGIC, VERSION = 0x564B, 2
+HELLO, DATA, END, ACK, ABORT, PING, PONG = range(1, 8)
+HDR = struct.Struct("<HBBIQQQQII")  # struct kvp_wire_hdr, 48 bytes
+HELLO_BODY = struct.Struct("<32s32sQIIII32s32s")  # struct kvp_wire_hello, 152 bytes
+HELLO_LEN = HDR.size + HELLO_BODY.size
+
+
+def frame(ftype: int, length: int = 0, tag: int = 0, key: int = 0, off: int = 0, aux: int = 0,
+          aux2: int = 0) -> bytes:
+    return HDR.pack(MAGIC, VERSION, ftype, length, tag, key, off, aux, aux2, 0)
+
+
+def hello(node_id: bytes, to_node: bytes = b"", link: int = 0, links: int = 1, epoch: int = 1) -> bytes:
+    """A HELLO (no authentication): the dialer's opens @p link of @p links."""
+    flags = (link << 8) | (links << 16)
+    return frame(HELLO, HELLO_BODY.size) + HELLO_BODY.pack(node_id, to_node, epoch, 256, 4 << 20, 0, flags,
+                                                           b"\0" * 32, b"\0" * 32)
+
+
+def recv_exact(s: socket.socket, n: int) -> bytes:
+    buf = b""
+    while len(buf) < n:
+        chunk = s.recv(n - len(buf))
+        if not chunk:
+            raise EOFError(f"closed after {len(buf)} of {n} bytes")
+        buf += chunk
+    return buf
+
+
+def read_frame(s: socket.socket) -> Tuple[tuple, bytes]:
+    h = HDR.unpack(recv_exact(s, HDR.size))
+    return h, recv_exact(s, h[3]) if h[3] else b""
+
+
+def hello_status(reply: bytes) -> int:
+    return HELLO_BODY.unpack_from(reply, HDR.size)[5]
+
+
+def dial(port: int, node_id: bytes, link: int = 0, links: int = 1, timeout: float = 10.0) -> socket.socket:
+    """A link to the kvproxyd on 127.0.0.1:@p port, handshaken (raises if refused)."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    s.sendall(hello(node_id, b"", link, links))
+    status = hello_status(recv_exact(s, HELLO_LEN))
+    if status:
+        s.close()
+        raise ConnectionRefusedError(f"HELLO refused with status {status}")
+    return s
+
+
+class FakeNode:
+    """A peer node kvproxyd dials: one thread per link it opens."""
+
+    def __init__(self, node_id: str, ack: bool = True) -> None:
+        self.node_id = node_id.encode()
+        self.ack = ack
+        self.lock = threading.Lock()
+        self.cond = threading.Condition(self.lock)
+        self.links: List[socket.socket] = []
+        self.ends: List[int] = []  # END tags, in arrival order
+        self.ls = socket.socket()
+        self.ls.bind(("127.0.0.1", 0))
+        self.ls.listen(16)
+        self.port = self.ls.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                c, _ = self.ls.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(c,), daemon=True).start()
+
+    def send(self, c: socket.socket, data: bytes) -> None:
+        with self.lock:
+            c.sendall(data)
+
+    def _serve(self, c: socket.socket) -> None:
+        try:
+            their = recv_exact(c, HELLO_LEN)
+            flags = HELLO_BODY.unpack_from(their, HDR.size)[6]
+            self.send(c, hello(self.node_id, b"", (flags >> 8) & 0xFF, 1))
+            with self.cond:
+                self.links.append(c)
+            while True:
+                (_, _, ftype, _, tag, _, _, _, _, _), _ = read_frame(c)
+                if ftype == PING:
+                    self.send(c, frame(PONG, 0, tag))
+                elif ftype == END:
+                    with self.cond:
+                        self.ends.append(tag)
+                        self.cond.notify_all()
+                    if self.ack:
+                        self.send(c, frame(ACK, 0, tag))
+        except (OSError, EOFError):
+            pass
+
+    def wait_end(self, count: int, timeout: float = 10.0) -> Optional[int]:
+        """The tag of the @p count-th END seen, once it came (None after @p timeout)."""
+        with self.cond:
+            self.cond.wait_for(lambda: len(self.ends) >= count, timeout)
+            return self.ends[count - 1] if len(self.ends) >= count else None
+
+    def ack_on_every_link(self, tag: int, status: int = 0) -> None:
+        with self.cond:
+            links = list(self.links)
+        for c in links:
+            self.send(c, frame(ACK, 0, tag, aux=status))
+
+    def close(self) -> None:
+        self.ls.close()
+        with self.cond:
+            for c in self.links:
+                c.close()
