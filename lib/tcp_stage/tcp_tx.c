@@ -194,6 +194,13 @@ frame_data(struct tcp_ctx *t, struct tcp_conn *c, struct kvp_xfer *x)
 	return true;
 }
 
+/* Nothing of @p x framed yet (a strided one is between blocks at t_off 0, t_blk > 0). */
+static bool
+never_framed(const struct kvp_xfer *x)
+{
+	return x->t_frames == 0 && x->t_seg == 0 && x->t_blk == 0 && x->t_off == 0;
+}
+
 /* Unlink @p x, which follows @p prev (NULL: the head), from the pending list. */
 static void
 pend_unlink(struct tcp_conn *c, struct kvp_xfer *prev, struct kvp_xfer *x)
@@ -567,7 +574,7 @@ tcp_tx_cancel(struct tcp_ctx *t, struct tcp_conn *c, struct kvp_xfer *x, int sta
 		x->t_off = kvp_mono_ns();
 		return;
 	case TX_PEND:
-		if (x->t_frames == 0 && x->t_seg == 0 && x->t_off == 0) {
+		if (never_framed(x)) {
 			/* Never reached the wire: unlink it and end it now. */
 			struct kvp_xfer **pp = &c->pend_head, *prev = NULL;
 
@@ -579,7 +586,7 @@ tcp_tx_cancel(struct tcp_ctx *t, struct tcp_conn *c, struct kvp_xfer *x, int sta
 				*pp = x->next;
 				if (c->pend_tail == x)
 					c->pend_tail = prev;
-				c->unsent -= x->bytes;
+				c->unsent -= kvp_plan_left(x);
 			}
 			kvp_worker_xfer_end(w, x, status);
 			return;
@@ -650,8 +657,9 @@ tcp_tx_sweep(struct tcp_ctx *t, uint64_t now)
 	for (uint32_t i = 0; i < w->nxfers; i++) {
 		struct kvp_xfer *x = &w->xfers[i];
 
-		if (x->state == KVP_XS_ACTIVE && x->t_state == TX_WAIT_ACK && x->status != KVP_OK &&
-		    now - x->t_off > t->peer_ns)
+		/* t_state is this transport's only for its own transfers. */
+		if (x->state == KVP_XS_ACTIVE && x->tp == t->idx && x->t_state == TX_WAIT_ACK &&
+		    x->status != KVP_OK && now - x->t_off > t->peer_ns)
 			kvp_worker_xfer_end(w, x, x->status);
 	}
 }
@@ -669,8 +677,7 @@ tcp_tx_admission(struct tcp_ctx *t, struct tcp_conn *c, uint64_t now)
 
 	for (; x; x = next) {
 		next = x->next;
-		if (x->status == KVP_OK && x->t_frames == 0 && x->t_seg == 0 && x->t_off == 0 &&
-		    now - x->ts[KVP_TS_PICKUP] > limit)
+		if (x->status == KVP_OK && never_framed(x) && now - x->ts[KVP_TS_PICKUP] > limit)
 			tcp_tx_cancel(t, c, x, KVP_ENOBUFS);
 	}
 }

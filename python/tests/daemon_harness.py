@@ -167,7 +167,7 @@ listen = "127.0.0.1:{port}";
 transport = "tcp";
 log_level = "info";
 timeouts = {{
-	peer_ms = 1000;
+	{"" if "peer_ms" in timeouts else "peer_ms = 1000;"}
 	reconnect_ms = 100;
 	{timeouts}
 }};
@@ -304,10 +304,13 @@ DECODE: Optional[Daemon] = None
 STARTED: List[Daemon] = []
 
 
-def start_pair(tmp: Path, a: str, b: str, extra: str = "", timeouts: str = "") -> tuple:
+def start_pair(tmp: Path, a: str, b: str, extra: str = "", timeouts: str = "",
+               extra_b: Optional[str] = None) -> tuple:
+    """Daemons a and b, each the other's peer; b's extra configuration is
+    @p extra_b where given."""
     pa, pb = free_ports(2)
     da = Daemon(tmp, a, pa, b, pb, extra, timeouts)
-    db = Daemon(tmp, b, pb, a, pa, extra, timeouts)
+    db = Daemon(tmp, b, pb, a, pa, extra if extra_b is None else extra_b, timeouts)
     for d in (da, db):
         STARTED.append(d)
         d.start()

@@ -52,6 +52,10 @@ PAIRS = {
     # Staging buffers smaller than a frame: windows end inside blocks.
     "staged": f"limits = {{ max_blocks = {MAX_BLOCKS}; }}; stage = {{ host = true; buffer = 12288; }}; "
               "tcp = { frame_max = 65536; };",
+    # prefill0 sends through four staging buffers with a 5 ms admission
+    # timeout (decode0 receives in place): a strided transfer waits for
+    # buffers between its blocks, with bytes already on the wire.
+    "admission": "stage = { host = true; pool = 1048576; buffer = 262144; };",
 }
 
 
@@ -72,6 +76,8 @@ class StridedBase(unittest.TestCase):
     """One pair of daemons per subclass (PAIR names its configuration)."""
 
     PAIR = "zerocopy"
+    TIMEOUTS = ""
+    DECODE_EXTRA = None  # decode0's configuration where it differs
     tmp: Path
     uid = 1  # transfer ids, shared by every pair
 
@@ -82,7 +88,8 @@ class StridedBase(unittest.TestCase):
             tf.EXTRA = f"limits = {{ max_blocks = {MAX_BLOCKS}; }};"
             cls.prefill, cls.decode = tf.start_pair(cls.tmp)
         else:
-            cls.prefill, cls.decode = tb.start_pair(cls.tmp, "prefill0", "decode0", PAIRS[cls.PAIR])
+            cls.prefill, cls.decode = tb.start_pair(cls.tmp, "prefill0", "decode0", PAIRS[cls.PAIR],
+                                                   cls.TIMEOUTS, cls.DECODE_EXTRA)
         cls.src = kvproxy.Client(cls.prefill.sock)
         cls.dst = kvproxy.Client(cls.decode.sock)
         cls.sbuf = kvproxy.HostBuffer(REGION)
@@ -205,6 +212,30 @@ class RdmaTest(StridedBase):
     PAIR = "rdma"
 
 
+class AdmissionTest(StridedBase):
+    PAIR = "admission"
+    TIMEOUTS = "admission_ms = 5; peer_ms = 400;"  # ticks (admission checks) every 25 ms
+    DECODE_EXTRA = ""
+
+    def link_bytes(self) -> List[int]:
+        peer = [p for p in self.prefill.admin_call("stats")["peers"] if p.get("node_id") == "decode0"][0]
+        return peer["link_tx_bytes"]
+
+    def test_admission_after_first_block(self) -> None:
+        """Admission fails only a transfer with nothing on the wire: one whose first
+        blocks went is not ended as if it never started (no ABORT, its link's
+        count of bytes to send wrapped so the link was never picked again)."""
+        kib = 1 << 10
+        for _ in range(16):  # a tick meets a transfer between blocks in about 1 of 3
+            self.check([(0, 0, 0, 0, 64 * kib, 256, 128 * kib, 128 * kib)])
+        before = self.link_bytes()
+        for _ in range(20):
+            self.move([(0, 0, 0, 0, 256 * kib)])
+        moved = [b - a for a, b in zip(before, self.link_bytes())]
+        tb.log(f"admission: 20 contiguous transfers, bytes per link {moved}")
+        self.assertTrue(all(moved), f"a link carried nothing: {moved}")
+
+
 def main() -> int:
     tb.require_daemon_and_library()
     loader = unittest.TestLoader()
@@ -212,6 +243,8 @@ def main() -> int:
     classes = [RdmaTest] if tf.RDMA else [StridedBase, StagedTest]
     for cls in classes:
         suite.addTests(loader.loadTestsFromTestCase(cls))
+    if not tf.RDMA:
+        suite.addTest(AdmissionTest("test_admission_after_first_block"))
     result = unittest.TextTestRunner(verbosity=2, stream=sys.stderr).run(suite)
     return 0 if result.wasSuccessful() else 1
 
