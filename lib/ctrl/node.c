@@ -129,6 +129,16 @@ sock_dir(const char *path, const struct kvp_group *grp, mode_t mode, char *err, 
 	return 0;
 }
 
+/* Remove our socket's name, unless something else took its place. */
+static void
+unlink_socket(const char *path)
+{
+	struct stat st;
+
+	if (lstat(path, &st) == 0 && S_ISSOCK(st.st_mode))
+		unlink(path);
+}
+
 /*
  * Bind a UNIX stream socket, guarded by "<path>.lock" so that a second
  * daemon configured with the same path fails instead of stealing it. The
@@ -139,26 +149,39 @@ unix_listen(const char *path, const struct kvp_group *grp, int *lock_fd, char *e
 	    size_t errlen)
 {
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };
-	char lock[KVP_PATH_MAX + 8], chgrp[96];
+	char lock[KVP_PATH_MAX + 8], chgrp[96], proc[32];
 	const char *step;
-	int fd, lfd, e;
+	struct stat st;
+	int fd, lfd, pfd = -1, e;
 
 	if (strlen(path) >= sizeof(sa.sun_path)) {
 		snprintf(err, errlen, "%s: socket path too long", path);
 		return -ENAMETOOLONG;
 	}
 	snprintf(lock, sizeof(lock), "%s.lock", path);
-	lfd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+	/* Never through a symlink, nor blocking on a FIFO put there. */
+	lfd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0600);
 	if (lfd < 0) {
-		snprintf(err, errlen, "%s: %s", lock, strerror(errno));
-		return -errno;
+		e = errno;
+		snprintf(err, errlen, "%s: %s", lock, e == ELOOP ? "a symlink: refused" : strerror(e));
+		return -e;
+	}
+	if (fstat(lfd, &st) < 0 || !S_ISREG(st.st_mode)) {
+		snprintf(err, errlen, "%s: not a regular file: refused", lock);
+		close(lfd);
+		return -EEXIST;
 	}
 	if (flock(lfd, LOCK_EX | LOCK_NB) < 0) {
 		snprintf(err, errlen, "%s: in use by another kvproxyd", path);
 		close(lfd);
 		return -EADDRINUSE;
 	}
-	/* We hold the lock, so an existing socket file is stale. */
+	/* We hold the lock, so an existing socket is stale; anything else is not ours. */
+	if (lstat(path, &st) == 0 && !S_ISSOCK(st.st_mode)) {
+		snprintf(err, errlen, "%s: exists and is not a socket: refusing to replace it", path);
+		close(lfd);
+		return -EEXIST;
+	}
 	unlink(path);
 	strcpy(sa.sun_path, path);
 	step = "socket";
@@ -172,13 +195,27 @@ unix_listen(const char *path, const struct kvp_group *grp, int *lock_fd, char *e
 	step = "bind";
 	if (fchmod(fd, 0600) < 0 || bind(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0)
 		goto err_close;
+	/*
+	 * Group and mode go to the inode bind() made, held by an O_PATH fd: the
+	 * name could be swapped for a link to another file in between.
+	 */
+	step = "open after bind";
+	pfd = open(path, O_PATH | O_NOFOLLOW | O_CLOEXEC);
+	if (pfd < 0)
+		goto err_unlink;
+	errno = EEXIST;
+	if (fstat(pfd, &st) < 0 || !S_ISSOCK(st.st_mode))
+		goto err_unlink;
 	snprintf(chgrp, sizeof(chgrp), "cannot give it group %s (gid %u)", grp->name, grp->gid);
 	step = chgrp;
-	if (grp->name[0] && chown(path, (uid_t)-1, (gid_t)grp->gid) < 0)
+	if (grp->name[0] && fchownat(pfd, "", (uid_t)-1, (gid_t)grp->gid, AT_EMPTY_PATH) < 0)
 		goto err_unlink;
 	step = "chmod";
-	if (chmod(path, 0660) < 0)
+	snprintf(proc, sizeof(proc), "/proc/self/fd/%d", pfd);
+	if (chmod(proc, 0660) < 0)
 		goto err_unlink;
+	close(pfd);
+	pfd = -1;
 	step = "listen";
 	if (listen(fd, 64) < 0)
 		goto err_unlink;
@@ -187,7 +224,9 @@ unix_listen(const char *path, const struct kvp_group *grp, int *lock_fd, char *e
 
 err_unlink:
 	e = errno; /* before the clean-up can change it */
-	unlink(path);
+	if (pfd >= 0)
+		close(pfd);
+	unlink_socket(path);
 	close(fd);
 	goto err_report;
 err_close:
@@ -438,11 +477,11 @@ kvp_node_fini(struct kvp_node *n)
 	n->client_worker = NULL;
 	if (n->client_lfd >= 0) {
 		close(n->client_lfd);
-		unlink(n->cfg.client_socket);
+		unlink_socket(n->cfg.client_socket);
 	}
 	if (n->admin_lfd >= 0) {
 		close(n->admin_lfd);
-		unlink(n->cfg.admin_socket);
+		unlink_socket(n->cfg.admin_socket);
 	}
 	if (n->lock_fd >= 0)
 		close(n->lock_fd);

@@ -21,6 +21,9 @@
 #              old predictable temporary name) are replaced, never written
 #              through; config_set cannot point the file outside its
 #              directory
+#   sockets    a regular file at a socket's name is refused at start, not
+#              unlinked; a symlink at its lock's name is refused, not
+#              followed; at exit only a socket at the name is removed
 #   auth       both secrets, or none on a public address, are refused at
 #              start with FILE:LINE; auth = "none" starts with a warning
 #   check      --check without the EAL or hugepages (with and without "--"),
@@ -327,6 +330,34 @@ case_stats_file() {
 	log "config_set stats.file: refused outside $pub, accepted within"
 }
 
+# ---- sockets: the socket and lock names never reach another file ----
+
+case_sockets() {
+	local victim="$KVP_TMP/victim.db" gone="$KVP_TMP/created-through-link" sum
+	printf 'precious\n' >"$victim"
+	sum=$(md5sum <"$victim")
+	# A regular file at the client socket's name: refused, not unlinked.
+	solo_conf s1
+	sed -i "s|^client_socket = .*|client_socket = \"$victim\";|" "$KVP_TMP/s1.conf"
+	expect_start_refused s1 "client_socket at a regular file" "victim.db: exists and is not a socket: refusing to replace it"
+	[[ -f $victim && $(md5sum <"$victim") == "$sum" ]] || fail "the regular file at the socket's name was touched"
+	# The lock's name a symlink (dangling: O_CREAT would make its target).
+	solo_conf s2
+	ln -s "$gone" "$KVP_TMP/s2.admin.lock"
+	expect_start_refused s2 "lock file a symlink" "s2.admin.lock: a symlink: refused"
+	[[ ! -e $gone ]] || fail "the lock file was created through a symlink"
+	# A file put at the socket's name while it runs is not unlinked at exit.
+	solo_up s3
+	[[ -S $KVP_TMP/s3.sock && $(stat -c %a "$KVP_TMP/s3.sock") == 660 ]] ||
+		fail "the client socket is not a socket of mode 0660: $(stat -c '%F %a' "$KVP_TMP/s3.sock")"
+	mv "$KVP_TMP/s3.sock" "$KVP_TMP/s3.sock.moved"
+	cp "$victim" "$KVP_TMP/s3.sock"
+	stop_daemon_checked s3
+	[[ -f $KVP_TMP/s3.sock ]] || fail "kvproxyd unlinked a regular file at its socket's name on exit"
+	[[ ! -e $KVP_TMP/s3.admin ]] || fail "kvproxyd left its admin socket behind"
+	log "sockets: a regular file and a symlinked lock refused at start, nothing removed at exit but sockets"
+}
+
 # ---- auth: refused at start unless safe or explicitly unauthenticated ----
 
 expect_start_refused() { # ID WHAT PATTERN
@@ -451,6 +482,6 @@ EOF
 }
 
 case $CASE in
-bounds | stuck | fds | stats_file | auth | check | sample) "case_$CASE" ;;
+bounds | stuck | fds | stats_file | sockets | auth | check | sample) "case_$CASE" ;;
 *) setup_fail "unknown case '$CASE'" ;;
 esac
