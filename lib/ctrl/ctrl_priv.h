@@ -212,8 +212,13 @@ enum peer_hello_err {
 	PEER_HELLO_FULL = 6,
 };
 const char *peer_hello_err_str(uint32_t e);
-int peer_resolve(const char *host, uint16_t port, bool passive, struct sockaddr_storage *ss,
-		 socklen_t *len);
+/**
+ * Resolve host:port; with @p numeric only an address (never the resolver,
+ * so it cannot block). @return 0, -EAGAIN (numeric, and @p host is a name)
+ * or -EHOSTUNREACH
+ */
+int peer_resolve(const char *host, uint16_t port, bool passive, bool numeric,
+		 struct sockaddr_storage *ss, socklen_t *len);
 void peer_fill_hello(struct kvp_node *n, uint8_t *buf, const char *to, uint8_t link,
 		     uint64_t epoch, uint32_t status, const uint8_t *nonce, const uint8_t *mac);
 void peer_hello_mac(const struct kvp_node *n, char role, const uint8_t *challenge,

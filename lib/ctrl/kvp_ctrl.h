@@ -17,6 +17,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/socket.h>
 
 #include "kvp_config.h"
 #include "kvp_log.h"
@@ -97,6 +98,7 @@ enum kvp_peer_link {
 	KVP_LINK_DOWN = 0,
 	KVP_LINK_CONNECTING, /**< TCP connect in progress */
 	KVP_LINK_HELLO,	     /**< connected, handshake in progress */
+	KVP_LINK_RESOLVING,  /**< its host name is being (or waits to be) resolved on a helper */
 	KVP_LINK_UP,	     /**< handed to a worker */
 };
 
@@ -154,6 +156,23 @@ struct kvp_peer {
 	uint64_t disconnects;
 	uint64_t handshake_failures;
 	char last_error[96];
+	/* A host name's address, resolved on a helper; kept until a dial to it fails. */
+	struct sockaddr_storage dns_addr;
+	socklen_t dns_len;
+	bool dns_ok;
+};
+
+/** The one host name resolution on a helper (a slow resolver holds one helper, not both). */
+struct kvp_dns_job {
+	struct kvp_job job;
+	bool busy;
+	uint16_t peer;
+	uint8_t gen;
+	uint16_t port;
+	char host[64];
+	int rc;
+	struct sockaddr_storage ss;
+	socklen_t len;
 };
 
 /** An accepted peer connection whose HELLO has not arrived yet. */
@@ -316,6 +335,7 @@ struct kvp_node {
 	struct kvp_admin_conn admin[KVP_ADMIN_CONNS];
 	struct kvp_admin_stats admin_stats;
 	struct kvp_jobs jobs;
+	struct kvp_dns_job dns;
 	struct kvp_reg_job *reg_jobs;  /**< one per client slot (a client registers one at a time) */
 	struct kvp_rel_job *rel_jobs;  /**< one per region slot (its unmapping) */
 	uint64_t loop_max_ns;	       /**< longest pass of the event loop (callbacks and timers) */

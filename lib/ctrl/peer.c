@@ -49,6 +49,7 @@ out_fail(struct kvp_node *n, uint16_t i, const char *why, uint8_t code)
 	if (!p->out_up)
 		peer_set_why(n, i, code);
 	p->out_state = KVP_LINK_DOWN;
+	p->dns_ok = false; /* a name is resolved again: its address may have moved */
 	p->next_try_ns = now + (uint64_t)p->backoff_ms * 1000000;
 	p->backoff_ms = p->backoff_ms * 2 > BACKOFF_MAX_MS ? BACKOFF_MAX_MS : p->backoff_ms * 2;
 }
@@ -61,6 +62,66 @@ missing_link(const struct kvp_peer *p)
 		if (!(p->out_up & (1ull << l)))
 			return l;
 	return -1;
+}
+
+static void out_start(struct kvp_node *n, uint16_t i, uint64_t now);
+
+static void
+dns_run(struct kvp_job *j)
+{
+	struct kvp_dns_job *d = (struct kvp_dns_job *)j;
+
+	d->rc = peer_resolve(d->host, d->port, false, false, &d->ss, &d->len);
+}
+
+static void dns_next(struct kvp_node *n);
+
+static void
+dns_done(struct kvp_node *n, struct kvp_job *j)
+{
+	struct kvp_dns_job *d = (struct kvp_dns_job *)j;
+	struct kvp_peer *p = &n->peers[d->peer];
+
+	d->busy = false;
+	if (n->jobs.quit)
+		return; /* shutting down: no more dials */
+	/* The slot may have been removed, or taken by another peer, meanwhile. */
+	if (p->slot_state == KVP_PS_ACTIVE && p->gen == d->gen && p->out_state == KVP_LINK_RESOLVING &&
+	    p->port == d->port && strcmp(p->host, d->host) == 0) {
+		if (d->rc < 0) {
+			out_fail(n, d->peer, "cannot resolve its host name", KVP_PEER_WHY_CONNECT);
+		} else {
+			p->dns_addr = d->ss;
+			p->dns_len = d->len;
+			p->dns_ok = true;
+			out_start(n, d->peer, kvp_mono_ns());
+		}
+	}
+	dns_next(n);
+}
+
+/* Resolve the next peer waiting for its name, unless a resolution runs. */
+static void
+dns_next(struct kvp_node *n)
+{
+	struct kvp_dns_job *d = &n->dns;
+
+	if (d->busy)
+		return;
+	for (uint16_t i = 0; i < n->cfg.max_peers; i++) {
+		const struct kvp_peer *p = &n->peers[i];
+
+		if (p->slot_state != KVP_PS_ACTIVE || p->out_state != KVP_LINK_RESOLVING)
+			continue;
+		d->busy = true;
+		d->peer = i;
+		d->gen = p->gen;
+		d->port = p->port;
+		snprintf(d->host, sizeof(d->host), "%s", p->host);
+		d->job = (struct kvp_job){ .run = dns_run, .done = dns_done };
+		job_post(n, &d->job); /* without helpers, dns_done() has run on return */
+		return;
+	}
 }
 
 static void
@@ -81,9 +142,22 @@ out_start(struct kvp_node *n, uint16_t i, uint64_t now)
 	p->out_link = (uint8_t)link;
 	if (p->backoff_ms == 0)
 		p->backoff_ms = n->cfg.reconnect_ms;
-	if (peer_resolve(p->host, p->port, false, &ss, &len) < 0) {
-		out_fail(n, i, "cannot resolve address", KVP_PEER_WHY_CONNECT);
-		return;
+	if (p->dns_ok) {
+		ss = p->dns_addr;
+		len = p->dns_len;
+	} else {
+		int rc = peer_resolve(p->host, p->port, false, true, &ss, &len);
+
+		if (rc == -EAGAIN) {
+			/* A name: the resolver may block for seconds, so a helper asks it. */
+			p->out_state = KVP_LINK_RESOLVING;
+			dns_next(n);
+			return;
+		}
+		if (rc < 0) {
+			out_fail(n, i, "cannot resolve address", KVP_PEER_WHY_CONNECT);
+			return;
+		}
 	}
 	fd = socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
 	if (fd < 0) {
@@ -395,6 +469,7 @@ kvp_peer_state_name(const struct kvp_node *n, uint16_t i)
 	if (!p->host[0])
 		return p->in_up ? "inbound" : "down";
 	switch (p->out_state) {
+	case KVP_LINK_RESOLVING:
 	case KVP_LINK_CONNECTING:
 	case KVP_LINK_HELLO:
 		return "connecting";

@@ -26,7 +26,7 @@ kvp_peer_listen(struct kvp_node *n, char *err, size_t errlen)
 	socklen_t len;
 	int one = 1, fd;
 
-	if (peer_resolve(n->cfg.listen_host, n->cfg.listen_port, true, &ss, &len) < 0) {
+	if (peer_resolve(n->cfg.listen_host, n->cfg.listen_port, true, false, &ss, &len) < 0) {
 		snprintf(err, errlen, "listen: cannot resolve '%s'", n->cfg.listen_host);
 		return -EINVAL;
 	}

@@ -45,16 +45,20 @@ peer_hello_err_str(uint32_t e)
 }
 
 int
-peer_resolve(const char *host, uint16_t port, bool passive, struct sockaddr_storage *ss,
-	     socklen_t *len)
+peer_resolve(const char *host, uint16_t port, bool passive, bool numeric,
+	     struct sockaddr_storage *ss, socklen_t *len)
 {
 	struct addrinfo hints = { .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM };
 	struct addrinfo *res;
 	char pstr[8];
+	int rc;
 
-	hints.ai_flags = passive ? AI_PASSIVE : 0;
+	hints.ai_flags = (passive ? AI_PASSIVE : 0) | (numeric ? AI_NUMERICHOST : 0) | AI_NUMERICSERV;
 	snprintf(pstr, sizeof(pstr), "%u", port);
-	if (getaddrinfo(host, pstr, &hints, &res) != 0)
+	rc = getaddrinfo(host, pstr, &hints, &res);
+	if (rc == EAI_NONAME && numeric)
+		return -EAGAIN;
+	if (rc != 0)
 		return -EHOSTUNREACH;
 	memcpy(ss, res->ai_addr, res->ai_addrlen);
 	*len = res->ai_addrlen;

@@ -9,6 +9,7 @@
   stays up (it answers PINGs, the peer still shows inbound).
 - A node id with a newline (a forged log line) is refused and never reaches
   the log as such.
+- A peer named by a host name (resolved on a helper thread) is dialled.
 
 Environment: KVPROXYD, KVPROXY_LIB (meson sets both), KVP_KEEP=1 keeps the
 temp dir. Exit status: 0 pass, 1 fail, 77 skip (with the reason).
@@ -102,6 +103,15 @@ timeouts = {{ peer_ms = 5000; reconnect_ms = 100; }};
         self.assertEqual(early, [], "an ACK from fakeP ended a transfer sent to fakeQ")
         q.ack_on_every_link(tag)
         self.assertEqual(self.done_of(2).status_name, "ok")
+
+    def test_peer_by_host_name(self) -> None:
+        """A name (not an address) is resolved on a helper thread; the dial then goes on."""
+        node = wp.FakeNode("fakeH", ack=True)
+        self.addCleanup(node.close)
+        self.client.submit(self.client.peer(f"localhost:{node.port}"), [(self.reg.key, 0, 0x9abc, 0, 4096)], 3,
+                           timeout=10)
+        self.assertEqual(self.done_of(3).status_name, "ok")
+        self.assertIsNotNone(node.wait_end(1), "fakeH saw no END")
 
     def test_duplicate_inbound_link(self) -> None:
         live = wp.dial(self.node.port, b"inbound1")

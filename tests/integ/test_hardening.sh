@@ -24,6 +24,9 @@
 #   sockets    a regular file at a socket's name is refused at start, not
 #              unlinked; a symlink at its lock's name is refused, not
 #              followed; at exit only a socket at the name is removed
+#   dns        a peer's host name whose resolver never answers: the admin
+#              socket answers meanwhile (a helper resolves it), the peer
+#              shows "connecting"
 #   auth       both secrets, or none on a public address, are refused at
 #              start with FILE:LINE; auth = "none" starts with a warning
 #   check      --check without the EAL or hugepages (with and without "--"),
@@ -358,6 +361,57 @@ case_sockets() {
 	log "sockets: a regular file and a symlinked lock refused at start, nothing removed at exit but sockets"
 }
 
+# ---- dns: a peer's host name is resolved off the main lcore ----
+
+case_dns() {
+	require_netns
+	local ns="kvp-hard-$$-d" rc=0 res
+	ip netns add "$ns" || setup_fail "ip netns add $ns"
+	KVP_NETNS+=("$ns")
+	ip -n "$ns" link set lo up
+	solo_conf d0 'peers = ( { node_id = "far0"; addr = "far0.kvp-test.example:7400"; } );'
+	# A resolver that takes every query and never answers: each lookup blocks 3 s.
+	printf 'nameserver 127.0.0.1\noptions timeout:3 attempts:1\n' >"$KVP_TMP/resolv.conf"
+	cat >"$KVP_TMP/sink.py" <<PY
+import socket
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.bind(("127.0.0.1", 53))
+open("$KVP_TMP/sink.ready", "w").close()
+while True:
+    s.recvfrom(512)
+    with open("$KVP_TMP/dns.asked", "a") as f:
+        f.write("query\n")
+PY
+	cat >"$KVP_TMP/dns.sh" <<SH
+set -u
+mount --bind "$KVP_TMP/resolv.conf" /etc/resolv.conf || exit 99
+python3 "$KVP_TMP/sink.py" & spid=\$!
+for i in \$(seq 300); do [ -e "$KVP_TMP/sink.ready" ] && break; sleep 0.1; done
+"$KVPROXYD" ${KVP_EAL[*]} -- -c "$KVP_TMP/d0.conf" >"$KVP_TMP/d0.log" 2>&1 & pid=\$!
+for i in \$(seq 300); do [ -e "$KVP_TMP/dns.asked" ] && break; kill -0 \$pid 2>/dev/null || break; sleep 0.1; done
+# While the resolver sits on the query, the admin socket answers at once.
+answered=0
+for i in 1 2 3 4 5; do
+	"$KVPROXYCTL" -s "$KVP_TMP/d0.admin" --timeout 1 status >/dev/null 2>&1 && answered=\$((answered + 1))
+done
+"$KVPROXYCTL" -s "$KVP_TMP/d0.admin" --timeout 5 --json peers >"$KVP_TMP/dns.peers" 2>&1
+kill -TERM \$pid 2>/dev/null
+wait \$pid
+echo "asked \$(cat "$KVP_TMP/dns.asked" 2>/dev/null | wc -l) answered \$answered exit \$?" >"$KVP_TMP/dns.rc"
+kill \$spid
+SH
+	ip netns exec "$ns" unshare -m --propagation private bash "$KVP_TMP/dns.sh" || rc=$?
+	[[ $rc -ne 99 ]] || setup_fail "cannot bind-mount a resolv.conf"
+	res=$(cat "$KVP_TMP/dns.rc")
+	log "dns: $res"
+	[[ $res =~ ^asked\ [1-9] ]] || { cat "$KVP_TMP/d0.log" >&2; fail "kvproxyd never asked the resolver ($res)"; }
+	[[ $res =~ answered\ 5 ]] || { cat "$KVP_TMP/d0.log" >&2; fail "the admin socket did not answer while a name resolved ($res)"; }
+	[[ $res =~ exit\ 0$ ]] || fail "kvproxyd did not stop cleanly ($res)"
+	[[ $(json_get "$KVP_TMP/dns.peers" 'peer("far0")["state"]') == connecting ]] ||
+		fail "far0 is not 'connecting' while its name resolves: $(cat "$KVP_TMP/dns.peers")"
+	log "dns: 5 of 5 admin calls answered while the resolver sat on far0's name"
+}
+
 # ---- auth: refused at start unless safe or explicitly unauthenticated ----
 
 expect_start_refused() { # ID WHAT PATTERN
@@ -482,6 +536,6 @@ EOF
 }
 
 case $CASE in
-bounds | stuck | fds | stats_file | sockets | auth | check | sample) "case_$CASE" ;;
+bounds | stuck | fds | stats_file | sockets | dns | auth | check | sample) "case_$CASE" ;;
 *) setup_fail "unknown case '$CASE'" ;;
 esac
