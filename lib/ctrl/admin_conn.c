@@ -35,9 +35,7 @@
 	"{\"jsonrpc\":\"2.0\",\"id\":null,\"error\":{\"code\":-32600,\"message\":\"request " \
 	"line too long\"}}\n"
 
-#define ACCEPT_RETRY_NS 100000000ull
 #define ADMIN_TIMER_NS 10000000ull /* connection bounds are checked this often */
-
 
 static uint64_t
 ms_ns(uint32_t ms)

@@ -33,7 +33,6 @@
 
 #include "client_req.h"
 
-#define ACCEPT_RETRY_NS 100000000ull /* a paused listener tries again this often */
 #define CLIENT_TIMER_NS 10000000ull  /* HELLO deadlines are checked this often */
 
 /* True if @p gid is among the peer's supplementary groups (as of its connect()). */

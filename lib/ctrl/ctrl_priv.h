@@ -50,6 +50,8 @@ int ctrl_send(struct kvp_node *n, unsigned worker, struct kvp_msg *m);
  * @return the connection, or -1 (no spare, or nothing to accept)
  */
 int ctrl_accept_spare(struct kvp_node *n, int lfd);
+/** A listener paused for want of descriptors tries again this often. */
+#define ACCEPT_RETRY_NS 100000000ull
 /** Take the spare descriptor back after ctrl_accept_spare(). @return false if none was left */
 bool ctrl_spare_restore(struct kvp_node *n);
 

@@ -352,6 +352,8 @@ struct kvp_node {
 	uint64_t client_accept_retry_ns;
 	bool admin_accept_paused;
 	uint64_t admin_accept_retry_ns;
+	bool peer_accept_paused;
+	uint64_t peer_accept_retry_ns;
 	volatile bool quit;
 
 	/* Observability (main lcore). */

@@ -85,6 +85,28 @@ peer_take_pending(struct kvp_node *n, int fd)
 	return -ENOSPC;
 }
 
+/*
+ * accept() found no descriptor: the spare one takes the connection off the
+ * backlog to close it (the listener would fire again at once); without a
+ * spare the listener leaves the epoll set for ACCEPT_RETRY_NS.
+ */
+static void
+accept_out_of_fds(struct kvp_node *n)
+{
+	int fd = ctrl_accept_spare(n, n->peer_lfd);
+
+	if (fd >= 0) {
+		n->bad_handshakes++;
+		KVP_LOG_RL(WARNING, core, "peer connection refused: out of file descriptors");
+		close(fd);
+	}
+	if (!ctrl_spare_restore(n) && !n->peer_accept_paused) {
+		loop_unwatch(n, &n->peer_lw);
+		n->peer_accept_paused = true;
+		n->peer_accept_retry_ns = kvp_mono_ns() + ACCEPT_RETRY_NS;
+	}
+}
+
 void
 kvp_peer_accept(struct kvp_node *n)
 {
@@ -92,6 +114,8 @@ kvp_peer_accept(struct kvp_node *n)
 
 	if (fd >= 0)
 		peer_take_pending(n, fd);
+	else if (errno == EMFILE || errno == ENFILE)
+		accept_out_of_fds(n);
 }
 
 static void
@@ -263,6 +287,10 @@ kvp_peer_pending_input(struct kvp_node *n, uint32_t slot)
 void
 peer_pending_timers(struct kvp_node *n, uint64_t now)
 {
+	if (n->peer_accept_paused && now >= n->peer_accept_retry_ns) {
+		n->peer_accept_paused = false;
+		loop_watch(n, &n->peer_lw, n->peer_lfd, EPOLLIN, on_listen, NULL);
+	}
 	for (uint32_t i = 0; i < KVP_PENDING_MAX; i++) {
 		struct kvp_pending_conn *pc = &n->pending[i];
 

@@ -15,8 +15,9 @@
 #   fds        max_clients beyond RLIMIT_NOFILE is refused at start with
 #              the reason; the soft limit is raised to the hard one; the
 #              client limit and fd exhaustion refuse clients with the
-#              reason, counted (JSON and Prometheus), the main loop does not
-#              spin and the admin socket answers at once
+#              reason, counted (JSON and Prometheus), peer connections are
+#              closed, the main loop does not spin and the admin socket
+#              answers at once
 #   stats_file another user's symlinks at the stats file's name (and at the
 #              old predictable temporary name) are replaced, never written
 #              through; config_set cannot point the file outside its
@@ -256,6 +257,18 @@ case_fds() {
 	timeout 5 "$KVPROXYCTL" -s "$(admin_of f1)" --timeout 3 status >"$KVP_TMP/st.out" 2>&1 || rc=$?
 	[[ $rc -eq 1 ]] && grep -q 'out of file descriptors' "$KVP_TMP/st.out" ||
 		fail "kvproxyctl at the limit: exit $rc, '$(cat "$KVP_TMP/st.out")' (expected the daemon's error at once)"
+	# So are peer connections: taken off the backlog and closed, not left to
+	# make the listener fire again and again.
+	local lport
+	lport=$(sed -n 's/^listen = "127.0.0.1:\([0-9]*\)";/\1/p' "$KVP_TMP/f1.conf")
+	python3 - "$lport" >"$KVP_TMP/peers.out" 2>&1 <<'PY' || { cat "$KVP_TMP/peers.out" >&2; fail "peer connections at the open-file limit were not closed"; }
+import socket, sys
+socks = [socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=5) for _ in range(5)]
+for s in socks:
+    if s.recv(1) != b"":
+        sys.exit("a byte instead of the close")
+print("5 peer connections closed by kvproxyd")
+PY
 	# A client left waiting in the backlog would make a spinning main loop show here.
 	sleep 2
 	t1=$(thread_ticks "$pid" '^kvproxyd$')
