@@ -51,6 +51,8 @@ STUB = {
         def add_disagg_transfer_backend_choices(choices):
             DISAGG_TRANSFER_BACKEND_CHOICES.extend(choices)
         class ServerArgs:
+            def __init__(self, **kw):
+                self.__dict__.update(kw)
             @staticmethod
             def add_cli_args(parser):
                 parser.add_argument("--disaggregation-mode", default="null", choices=["null", "prefill", "decode"])
@@ -174,10 +176,51 @@ STUB = {
             def __init__(self, host, port): ...
     ''',
     "sglang/srt/managers/__init__.py": "",
+    # Newer sglang serves the bootstrap registry from a spawned child that
+    # re-imports sglang and never loads plugins: the child resolves the
+    # backend's class, checks the thread and /health, reports ready or the
+    # error through a pipe, then joins the serving thread.
     "sglang/srt/managers/disagg_service.py": '''
+        import multiprocessing as mp, urllib.request
         from sglang.srt.disaggregation.utils import KVClassType, TransferBackend, get_kv_class
         def bootstrap_class(name):
             return get_kv_class(TransferBackend(name), KVClassType.BOOTSTRAP_SERVER)
+        class Handle:
+            def __init__(self, proc):
+                self.proc = proc
+            def close(self):
+                self.proc.kill()
+                self.proc.join()
+        def _run_bootstrap_server_process(server_args, writer):
+            try:
+                cls = get_kv_class(TransferBackend(server_args.disaggregation_transfer_backend),
+                                   KVClassType.BOOTSTRAP_SERVER)
+                server = cls(host=server_args.host, port=server_args.disaggregation_bootstrap_port)
+                if not server.thread.is_alive():
+                    raise RuntimeError("the serving thread died")
+                url = f"http://{server_args.host}:{server_args.disaggregation_bootstrap_port}/health"
+                if urllib.request.urlopen(url, timeout=10).status != 200:
+                    raise RuntimeError("no /health")
+            except Exception as e:
+                writer.send({"status": "error", "message": f"{type(e).__name__}: {e}"})
+                raise SystemExit(1)
+            writer.send({"status": "ready"})
+            server.thread.join()
+        def _start_bootstrap_server_subprocess(server_args):
+            ctx = mp.get_context("spawn")
+            reader, writer = ctx.Pipe(duplex=False)
+            proc = ctx.Process(target=_run_bootstrap_server_process, args=(server_args, writer), daemon=True)
+            proc.start()
+            writer.close()
+            msg = reader.recv() if reader.poll(120) else None
+            if not msg or msg.get("status") != "ready":
+                proc.kill()
+                raise RuntimeError(f"bootstrap server failed to start: {msg}")
+            return Handle(proc)
+        def start_disagg_service(server_args):
+            if server_args.disaggregation_mode != "prefill":
+                return None
+            return _start_bootstrap_server_subprocess(server_args)
     ''',
 }
 
@@ -265,6 +308,25 @@ shapes = [
 for fn, a, k in shapes:
     bind(fn, f"{fn.__qualname__}{a!r}{sorted(k)}", *a, **k)
 out["problems"] = problems
+
+# The bootstrap server, started as sglang's start_disagg_service() starts it
+# (in a spawned child, where sglang has one): it answers /health, elsewhere.
+import os, socket, urllib.request
+if hasattr(ds, "start_disagg_service"):
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    args = sa.ServerArgs(disaggregation_mode="prefill", disaggregation_transfer_backend="kvproxy", host="127.0.0.1",
+                         disaggregation_bootstrap_port=port, node_rank=0)
+    try:
+        handle = ds.start_disagg_service(args)
+        health = urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=10).status
+        proc = getattr(handle, "proc", None)
+        out["bootstrap"] = {"health": health, "child": proc is not None and proc.pid != os.getpid()}
+        handle.close()
+    except Exception as e:
+        out["bootstrap"] = f"{type(e).__name__}: {e}"
 print("RESULT " + json.dumps(out))
 '''
 
@@ -345,6 +407,8 @@ class StandInTest(unittest.TestCase):
         self.assertEqual(out["mooncake"], "mooncake-manager", "get_kv_class no longer defers to sglang's chain")
         self.assertEqual(out["isinstance"], [True] * 4)
         self.assertEqual(out["problems"], [])
+        self.assertEqual(out["bootstrap"], {"health": 200, "child": True},
+                         "sglang's spawned bootstrap child cannot start kvproxy's server")
 
     def test_with_hook_registry(self) -> None:
         self.check(True)

@@ -291,6 +291,11 @@ class KvproxyKVBootstrapServer:
         self._thread.start()
         log.info("kvproxy bootstrap server on %s:%d", host or "*", self.port)
 
+    @property
+    def thread(self) -> threading.Thread:
+        """The serving thread (sglang's bootstrap child checks and joins it)."""
+        return self._thread
+
     def registered(self) -> List[Dict[str, Any]]:
         """The ranks registered so far (for operators and tests)."""
         reg = self._httpd.registry

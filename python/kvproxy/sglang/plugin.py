@@ -14,7 +14,13 @@ applies the hooks it registered. :func:`register`
    ``TransferBackend(server_args.disaggregation_transfer_backend)`` works;
 3. wraps ``get_kv_class`` (an AROUND hook): for the kvproxy member it
    answers with this package's classes, for every other backend it defers to
-   sglang's own chain.
+   sglang's own chain;
+4. wraps ``disagg_service._start_bootstrap_server_subprocess`` (AROUND),
+   where sglang has it: it serves the bootstrap registry from a spawned
+   child that re-imports sglang without loading plugins, so there
+   ``TransferBackend("kvproxy")`` would fail; for kvproxy the child's entry
+   point becomes :func:`bootstrap_server_process`, which installs the plugin
+   in the child first and then runs sglang's own.
 
 sglang's hook registry rebinds every module that imported either name with
 ``from ... import``. On an sglang without the hook registry,
@@ -40,7 +46,7 @@ import threading
 import types
 from typing import Any, Callable, Optional
 
-__all__ = ["register", "install", "BACKEND", "PLUGIN_NAME"]
+__all__ = ["register", "install", "bootstrap_server_process", "BACKEND", "PLUGIN_NAME"]
 
 log = logging.getLogger("kvproxy.sglang")
 
@@ -49,6 +55,9 @@ BACKEND = "kvproxy"
 _UTILS = "sglang.srt.disaggregation.utils"
 _ENUM = _UTILS + ".TransferBackend"
 _GET = _UTILS + ".get_kv_class"
+_SERVICE = "sglang.srt.managers.disagg_service"
+_SPAWN = _SERVICE + "._start_bootstrap_server_subprocess"
+_CHILD = "_run_bootstrap_server_process"
 _lock = threading.Lock()
 _done = False
 
@@ -81,6 +90,40 @@ def around_get_kv_class(original: Callable[..., Any], transfer_backend: Any, cla
     if _value(transfer_backend) == BACKEND:
         return kv_class(class_type)
     return original(transfer_backend, class_type, *args, **kwargs)
+
+
+def around_start_bootstrap(original: Callable[..., Any], server_args: Any, *args: Any, **kwargs: Any) -> Any:
+    """The AROUND hook of ``_start_bootstrap_server_subprocess``: for kvproxy,
+    sglang's spawned bootstrap child runs :func:`bootstrap_server_process`
+    (spawn pickles the target by name, so it is looked up in the child)."""
+    if _value(getattr(server_args, "disaggregation_transfer_backend", None)) != BACKEND:
+        return original(server_args, *args, **kwargs)
+    service = sys.modules[_SERVICE]
+    inner = getattr(service, _CHILD)
+    setattr(service, _CHILD, bootstrap_server_process)
+    try:
+        return original(server_args, *args, **kwargs)
+    finally:
+        setattr(service, _CHILD, inner)
+
+
+def bootstrap_server_process(server_args: Any, ready_writer: Any) -> None:
+    """sglang's bootstrap child, for kvproxy: the plugin installed in this fresh
+    process, then sglang's own child entry point (it resolves the backend's
+    class, checks /health and reports through @p ready_writer)."""
+    install()
+    service = importlib.import_module(_SERVICE)
+    getattr(service, _CHILD)(server_args, ready_writer)
+
+
+def _bootstrap_spawner() -> Optional[Callable[..., Any]]:
+    """sglang's ``_start_bootstrap_server_subprocess``, where this sglang has one."""
+    try:
+        service = importlib.import_module(_SERVICE)
+    except ImportError:
+        return None
+    fn = getattr(service, _SPAWN.rsplit(".", 1)[1], None)
+    return fn if callable(fn) and hasattr(service, _CHILD) else None
 
 
 def extended_enum(orig: type) -> type:
@@ -155,6 +198,9 @@ def register() -> None:
                 HookRegistry.register(_ENUM, extended_enum(utils.TransferBackend), HookType.REPLACE)
             if not getattr(utils.get_kv_class, "_kvproxy", False):
                 HookRegistry.register(_GET, around_get_kv_class, HookType.AROUND)
+            spawner = _bootstrap_spawner()
+            if spawner is not None and not getattr(spawner, "_kvproxy", False):
+                HookRegistry.register(_SPAWN, around_start_bootstrap, HookType.AROUND)
         _done = True
         log.info("kvproxy plugin registered: --disaggregation-transfer-backend %s", BACKEND)
 
@@ -190,6 +236,15 @@ def _install(utils: types.ModuleType) -> None:
         get_kv_class._kvproxy = True  # type: ignore[attr-defined]
         utils.get_kv_class = get_kv_class
         _rebind(old_get, get_kv_class, utils)
+    spawner = _bootstrap_spawner()
+    if spawner is not None and not getattr(spawner, "_kvproxy", False):
+        @functools.wraps(spawner)
+        def start_bootstrap(*args: Any, **kwargs: Any) -> Any:
+            return around_start_bootstrap(spawner, *args, **kwargs)
+
+        start_bootstrap._kvproxy = True  # type: ignore[attr-defined]
+        service = sys.modules[_SERVICE]
+        setattr(service, _SPAWN.rsplit(".", 1)[1], start_bootstrap)
 
 
 def _rebind(old: Any, new: Any, home: types.ModuleType) -> None:
