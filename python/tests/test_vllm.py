@@ -150,6 +150,7 @@ class TransferTest(unittest.TestCase):
         log(f"{len(src)} blocks x {len(pair.pkv[0].planes)} planes moved in {secs * 1000:.1f} ms "
             f"({pair.pe.steps} prefill steps)")
         self.assertEqual(pair.de.errors, set())
+        self.assertEqual(pair.de.failed, set(), "get_transfer_results named a landed request failed")
         pair.check_blocks(self, src, dst, 7)
         pair.check_untouched(self, dst)
         self.assertFalse(pair.pe.sched.has_pending_push_work())
@@ -181,9 +182,11 @@ class TransferTest(unittest.TestCase):
         pair.check_untouched(self, dst)
 
     def test_concurrent_interleaved_requests(self) -> None:
-        """Six requests in flight at once, their block ids interleaved on both sides."""
+        """Six requests in flight at once, their block ids interleaved on both sides
+        (driven through get_finished, as vLLM before get_transfer_results does)."""
         pair = Pair(self, p_blocks=128, d_blocks=128,
                     d_extra={"kvproxy_max_transfer_bytes": 4 * vh.HostKV().block_bytes})
+        pair.pe.transfer_results = pair.de.transfer_results = False
         k = 6
         srcs = [[1 + i + k * j for j in range(12)] for i in range(k)]
         dsts = [list(reversed([2 + (k - 1 - i) + k * j for j in range(12)])) for i in range(k)]
@@ -316,6 +319,7 @@ class FailureTest(unittest.TestCase):
         finally:
             dw.src_regions[3] = real
         self.assertEqual(pair.de.errors, set(dst), "every transfer carries plane 3")
+        self.assertEqual(pair.de.failed, {d}, "get_transfer_results did not name the failed receive")
         self.assertEqual(pair.de.workers[0].worker.receiver.debug_state(d)["how"], "final")
         self.assertEqual(pair.de.stats.data["fences"], 1)
         failed = pair.pe.stats.data["failed"]

@@ -286,6 +286,8 @@ class Engine:
         self.sent: Set[str] = set()
         self.received: Set[str] = set()
         self.errors: Set[int] = set()
+        self.failed: Set[str] = set()  # receives get_transfer_results named failed
+        self.transfer_results = True
         self.stats = KvproxyConnectorStats()
         self.steps = 0
 
@@ -303,7 +305,13 @@ class Engine:
             w.bind_connector_metadata(meta)
             w.start_load_kv(SimpleNamespace(no_compile_layers={}))
             w.wait_for_save()
-            s, r = w.get_finished(so.finished_req_ids)
+            # Newer vLLM asks get_transfer_results (failed receives named), older get_finished.
+            if self.transfer_results:
+                res = w.get_transfer_results(so.finished_req_ids)
+                s, r = res.finished_sending, res.finished_recving
+                self.failed |= res.failed_recving
+            else:
+                s, r = w.get_finished(so.finished_req_ids)
             invalid |= w.get_block_ids_with_load_errors()
             st = w.get_kv_connector_stats()
             if st is not None:

@@ -84,6 +84,21 @@ except Exception:  # noqa: BLE001
         """Stand-in for vLLM's marker of connectors that take block ids of every KV-cache group."""
 
 try:  # pragma: no cover
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import (  # type: ignore[import-not-found]
+        KVConnectorTransferResults,
+    )
+except Exception:  # noqa: BLE001
+
+    @dataclass
+    class KVConnectorTransferResults:  # type: ignore[no-redef]
+        """Stand-in for newer vLLM's snapshot of a step's transfers (failed
+        receives are in finished_recving too, so the request leaves its wait)."""
+
+        finished_sending: set = field(default_factory=set)
+        finished_recving: set = field(default_factory=set)
+        failed_recving: set = field(default_factory=set)
+
+try:  # pragma: no cover
     from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (  # type: ignore[import-not-found]
         KVConnectorPromMetrics,
         KVConnectorStats,

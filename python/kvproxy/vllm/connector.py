@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Dict, Optional, Set, Tuple
 
-from ._compat import KVConnectorBase_V1, SupportsHMA, role_name
+from ._compat import KVConnectorBase_V1, KVConnectorTransferResults, SupportsHMA, role_name
 from .config import KvproxyVllmConfig
 from .scheduler import KvproxyConnectorMetadata, SchedulerSide
 from .stats import KvproxyConnectorStats, KvproxyPromMetrics
@@ -137,6 +137,12 @@ class KvproxyConnector(KVConnectorBase_V1, SupportsHMA):
     def get_finished(self, finished_req_ids: Set[str]) -> Tuple[Optional[Set[str]], Optional[Set[str]]]:
         assert self._worker is not None
         return self._worker.get_finished(finished_req_ids)
+
+    def get_transfer_results(self, finished_req_ids: Set[str]) -> KVConnectorTransferResults:
+        """Newer vLLM's form of get_finished: failed receives named as such."""
+        assert self._worker is not None
+        sending, recving, failed = self._worker.get_transfer_results(finished_req_ids)
+        return KVConnectorTransferResults(finished_sending=sending, finished_recving=recving, failed_recving=failed)
 
     def get_block_ids_with_load_errors(self) -> Set[int]:
         if self._worker is None:

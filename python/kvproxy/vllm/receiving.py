@@ -578,6 +578,7 @@ class Receiver:
                 bad.extend(positions_to_blocks(r.blocks, n * r.per_xfer, (n + 1) * r.per_xfer))
             if bad:
                 w.load_errors.update(bad)
+                w.failed_recving.add(r.rid)
                 w.stats.count("load_error_blocks", len(bad))
                 log.warning("kvproxy: request %s: %d of %d blocks did not arrive (%s)", r.rid, len(bad),
                             sum(len(b) for b in r.blocks), how)

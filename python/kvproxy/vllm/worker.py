@@ -124,6 +124,7 @@ class WorkerSide:
         self.stats = KvproxyConnectorStats()
         self.done_sending: Set[str] = set()
         self.done_recving: Set[str] = set()
+        self.failed_recving: Set[str] = set()  # of done_recving: some blocks did not arrive
         self.load_errors: Set[int] = set()
         self._seen_finished: Set[str] = set()
         self._peers: Dict[str, int] = {}
@@ -330,7 +331,13 @@ class WorkerSide:
             self.receiver.release(addr, remote_rid, int(remote_tp), str(reason))
 
     def get_finished(self, finished_req_ids: Set[str]) -> Tuple[Optional[Set[str]], Optional[Set[str]]]:
-        """Requests sent (blocks may be freed) and received since the last call.
+        """Requests sent (blocks may be freed) and received since the last call."""
+        sending, recving, _ = self.get_transfer_results(finished_req_ids)
+        return sending or None, recving or None
+
+    def get_transfer_results(self, finished_req_ids: Set[str]) -> Tuple[Set[str], Set[str], Set[str]]:
+        """Requests sent, received, and of those received the ones with blocks
+        missing (reported by get_block_ids_with_load_errors), since the last call.
 
         A send is reported only once vLLM named the request finished (the
         contract of ``get_finished``); the halves' threads enforce leases
@@ -345,7 +352,8 @@ class WorkerSide:
             self.done_sending -= sending
             self._seen_finished -= sending
             recving, self.done_recving = self.done_recving, set()
-        return sending or None, recving or None
+            failed, self.failed_recving = self.failed_recving, set()
+        return sending, recving, failed
 
     def get_block_ids_with_load_errors(self) -> Set[int]:
         with self.lock:
