@@ -69,6 +69,13 @@ tcp_start_recv(struct tcp_ctx *t, struct tcp_conn *c)
 	 * too, and its payload should land directly, not through rxbuf. A
 	 * failed or short payload recv cancels it.
 	 */
+	/*
+	 * Only from this SQ: tcp_sqe() would submit the payload's recv unlinked
+	 * to make room, and two recvs of one socket in flight unordered can
+	 * take each other's bytes.
+	 */
+	if (io_uring_sq_space_left(&t->ring) == 0)
+		return 1;
 	struct io_uring_sqe *next = tcp_sqe(t);
 	if (!next)
 		return 1;
