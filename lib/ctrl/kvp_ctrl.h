@@ -191,6 +191,7 @@ struct kvp_pending_conn {
 	uint64_t deadline_ns;
 	uint32_t have;
 	alignas(8) uint8_t buf[sizeof(struct kvp_wire_hdr) + sizeof(struct kvp_wire_hello)];
+	struct sockaddr_storage from; /**< the remote address (IP only compared) */
 };
 
 enum kvp_client_state {
@@ -225,6 +226,9 @@ struct kvp_client_conn {
 #define KVP_ADMIN_CONNS	  16
 #define KVP_ADMIN_LINEMAX (64u << 10)
 #define KVP_PENDING_MAX	  16
+/* Of those, from one address: a node dials one link at a time, so idle
+ * connections from one source cannot hold every handshake slot. */
+#define KVP_PENDING_PER_SOURCE 8
 
 /** One admin connection (main lcore); see admin_conn.c for its bounds. */
 struct kvp_admin_conn {

@@ -7,6 +7,7 @@
  * for its proof, and the hand-over of the link to its worker.
  */
 #include <errno.h>
+#include <netinet/in.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/epoll.h>
@@ -62,15 +63,46 @@ on_pending(struct kvp_node *n, void *arg, uint32_t events)
 	kvp_peer_pending_input(n, (uint32_t)(pc - n->pending));
 }
 
+/* Same remote IP (port aside)? */
+static bool
+same_source(const struct sockaddr_storage *a, const struct sockaddr_storage *b)
+{
+	if (a->ss_family != b->ss_family)
+		return false;
+	if (a->ss_family == AF_INET)
+		return ((const struct sockaddr_in *)a)->sin_addr.s_addr ==
+		       ((const struct sockaddr_in *)b)->sin_addr.s_addr;
+	if (a->ss_family == AF_INET6)
+		return memcmp(&((const struct sockaddr_in6 *)a)->sin6_addr,
+			      &((const struct sockaddr_in6 *)b)->sin6_addr, sizeof(struct in6_addr)) == 0;
+	return false;
+}
+
 int
 peer_take_pending(struct kvp_node *n, int fd)
 {
+	struct sockaddr_storage from = { 0 };
+	socklen_t fl = sizeof(from);
+	uint32_t same = 0;
+
+	if (getpeername(fd, (struct sockaddr *)&from, &fl) < 0)
+		from.ss_family = AF_UNSPEC;
+	for (uint32_t i = 0; i < KVP_PENDING_MAX; i++)
+		same += n->pending[i].fd >= 0 && same_source(&n->pending[i].from, &from);
+	if (same >= KVP_PENDING_PER_SOURCE) {
+		n->bad_handshakes++;
+		KVP_LOG_RL(WARNING, core, "%u peer handshakes in progress from one address; connection refused",
+			   same);
+		close(fd);
+		return -EBUSY;
+	}
 	for (uint32_t i = 0; i < KVP_PENDING_MAX; i++) {
 		struct kvp_pending_conn *pc = &n->pending[i];
 
 		if (pc->fd >= 0)
 			continue;
 		pc->fd = fd;
+		pc->from = from;
 		pc->have = 0;
 		pc->peer = -1;
 		pc->unknown = false;

@@ -10,6 +10,7 @@
 - A node id with a newline (a forged log line) is refused and never reaches
   the log as such.
 - A peer named by a host name (resolved on a helper thread) is dialled.
+- Idle connections from one address cannot take every handshake slot.
 
 Environment: KVPROXYD, KVPROXY_LIB (meson sets both), KVP_KEEP=1 keeps the
 temp dir. Exit status: 0 pass, 1 fail, 77 skip (with the reason).
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import sys
 import tempfile
 import time
@@ -50,7 +52,7 @@ listen = "127.0.0.1:{port}";
 transport = "tcp";
 accept_unknown_peers = true;
 tcp = {{ connections = 1; }};
-timeouts = {{ peer_ms = 5000; reconnect_ms = 100; }};
+timeouts = {{ peer_ms = 5000; connect_ms = 5000; reconnect_ms = 100; }};
 """)
         tb.STARTED.append(cls.node)
         cls.node.start()
@@ -129,6 +131,18 @@ timeouts = {{ peer_ms = 5000; reconnect_ms = 100; }};
         self.assertEqual((ftype, tag), (wp.PONG, 77), "the live link stopped answering")
         peers = {p["node_id"]: p for p in self.node.admin_call("peers")["peers"]}
         self.assertTrue(peers["inbound1"]["inbound_up"], "the refused duplicate took the live link's state down")
+
+    def test_idle_handshakes_from_one_address(self) -> None:
+        """Sixteen connections from one address that never say HELLO hold at most
+        half the handshake slots: a node dialling from another address gets in."""
+        idle = [socket.create_connection(("127.0.0.1", self.node.port), source_address=("127.0.0.1", 0))
+                for _ in range(16)]
+        try:
+            link = wp.dial(self.node.port, b"inbound2", source="127.0.0.2")
+            link.close()
+        finally:
+            for s in idle:
+                s.close()
 
     def test_node_id_with_newline(self) -> None:
         forged = b"x\nFORGED: peer decode0 ok"

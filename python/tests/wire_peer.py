@@ -52,9 +52,10 @@ def hello_status(reply: bytes) -> int:
     return HELLO_BODY.unpack_from(reply, HDR.size)[5]
 
 
-def dial(port: int, node_id: bytes, link: int = 0, links: int = 1, timeout: float = 10.0) -> socket.socket:
-    """A link to the kvproxyd on 127.0.0.1:@p port, handshaken (raises if refused)."""
-    s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+def dial(port: int, node_id: bytes, link: int = 0, links: int = 1, timeout: float = 10.0,
+         source: str = "127.0.0.1") -> socket.socket:
+    """A link to the kvproxyd on 127.0.0.1:@p port from @p source, handshaken (raises if refused)."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=timeout, source_address=(source, 0))
     s.sendall(hello(node_id, b"", link, links))
     status = hello_status(recv_exact(s, HELLO_LEN))
     if status:
