@@ -419,6 +419,11 @@ main(int argc, char **argv)
 			"authenticated; any host that reaches the port can send KV into this "
 			"node's regions and receive what its clients send",
 			cfg.listen_host, cfg.listen_port);
+	else if (!cfg.auth_secret[0] && cfg.accept_unknown)
+		KVP_LOG(WARNING, app,
+			"SECURITY WARNING: accept_unknown_peers without auth.secret: any local "
+			"process that reaches %s:%u can join as a peer under a name of its choosing",
+			cfg.listen_host, cfg.listen_port);
 	if (rte_lcore_count() < 2) {
 		fprintf(stderr, "kvproxyd: needs a main lcore and a worker lcore (e.g. -l 0,1)\n");
 		rte_eal_cleanup();

@@ -152,6 +152,8 @@ timeouts = {{ peer_ms = 5000; connect_ms = 5000; reconnect_ms = 100; }};
         text = self.node.logfile.read_text(errors="replace")
         self.assertNotIn("\nFORGED:", text, "a peer's node id wrote a line of its own into the log")
         self.assertIn("'(malformed node id)' refused", text)
+        # Unknown peers without a secret on loopback: said at start.
+        self.assertIn("accept_unknown_peers without auth.secret: any local process", text)
 
 
 def main() -> int:
