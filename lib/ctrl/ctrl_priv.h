@@ -182,6 +182,9 @@ const char *peer_origin_name(int origin);
 int peer_find(const struct kvp_node *n, const char *node_id, bool draining);
 /** The active slot dialled at @p host : @p port, or -1. */
 int peer_find_addr(const struct kvp_node *n, const char *host, uint16_t port);
+/** May slot @p self (-1: a new one) dial host:port? Not our own, nor another slot's. @return 0 or -errno, with @p why */
+int peer_addr_check(const struct kvp_node *n, int self, const char *host, uint16_t port, char *why,
+		    size_t whylen);
 /**
  * Take a slot for a peer and open it on the workers. @p node_id "" : learned
  * from its handshake (on demand); @p host "" : no address (inbound).

@@ -106,6 +106,24 @@ peer_find_addr(const struct kvp_node *n, const char *host, uint16_t port)
 	return -1;
 }
 
+int
+peer_addr_check(const struct kvp_node *n, int self, const char *host, uint16_t port, char *why,
+		size_t whylen)
+{
+	int slot;
+
+	if (port == n->cfg.listen_port && strcasecmp(host, n->cfg.listen_host) == 0) {
+		snprintf(why, whylen, "%s:%u is this node's own listen address", host, port);
+		return -EINVAL;
+	}
+	if ((slot = peer_find_addr(n, host, port)) >= 0 && slot != self) {
+		snprintf(why, whylen, "%s:%u is already peer '%s' (%s)", host, port,
+			 peer_label(n, (uint32_t)slot), peer_origin_name(n->peers[slot].origin));
+		return -EEXIST;
+	}
+	return 0;
+}
+
 /* Tell every worker about slot @p slot (PEER_OPEN or PEER_WHY). @return 0, -ENOBUFS */
 static int
 tell_workers(struct kvp_node *n, uint32_t slot, int type)
@@ -164,15 +182,10 @@ peer_add(struct kvp_node *n, int origin, const char *node_id, const char *host, 
 			 n->peers[slot].slot_state == KVP_PS_DRAINING ? ", being removed" : "");
 		return -EEXIST;
 	}
-	if (host[0] && port == n->cfg.listen_port && strcasecmp(host, n->cfg.listen_host) == 0) {
-		snprintf(why, whylen, "%s:%u is this node's own listen address", host, port);
-		return -EINVAL;
-	}
-	if (host[0] && (slot = peer_find_addr(n, host, port)) >= 0) {
-		snprintf(why, whylen, "%s:%u is already peer '%s' (%s)", host, port,
-			 peer_label(n, (uint32_t)slot), peer_origin_name(n->peers[slot].origin));
-		return -EEXIST;
-	}
+	int rc = host[0] ? peer_addr_check(n, -1, host, port, why, whylen) : 0;
+
+	if (rc < 0)
+		return rc;
 	/* The lowest free slot: configured peers keep the indices of the file's order. */
 	for (uint32_t i = 0; i < n->cfg.max_peers && slot < 0; i++)
 		if (n->peers[i].slot_state == KVP_PS_FREE)

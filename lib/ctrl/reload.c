@@ -66,6 +66,10 @@ reload_peers(struct kvp_node *n, const struct kvp_config *nc, json_t *o)
 
 		if (!moved && p->origin == KVP_PEER_CONFIG)
 			continue;
+		if (moved && peer_addr_check(n, slot, pc->host, pc->port, why, sizeof(why)) < 0) {
+			json_array_append_new(failed, json_pack("{s:s, s:s}", "peer", pc->node_id, "why", why));
+			continue;
+		}
 		json_t *c = json_pack("{s:s}", "peer", pc->node_id);
 
 		if (p->origin != KVP_PEER_CONFIG) {
@@ -78,6 +82,7 @@ reload_peers(struct kvp_node *n, const struct kvp_config *nc, json_t *o)
 			json_object_set_new(c, "addr_was", json_string(p->addr));
 			snprintf(p->host, sizeof(p->host), "%s", pc->host);
 			p->port = pc->port;
+			p->dns_ok = false; /* the old name's address */
 			snprintf(p->addr, sizeof(p->addr), "%s:%u", pc->host, pc->port);
 			json_object_set_new(c, "addr", json_string(p->addr));
 			/* Links up stay; the next dial goes to the new address. */

@@ -279,6 +279,18 @@ case_reload() {
 	ctl prefill0 --json config_reload >"$KVP_TMP/same.json"
 	json_check "$KVP_TMP/same.json" "d['added'] == [] and d['removed'] == [] and d['applied'] == [] and [x['key'] for x in d['not_applied']] == ['tcp.connections']" \
 		"reloading the same file again changed something"
+	# A peer moved by the file to an address another peer is dialled at: refused
+	# with the reason, its address kept (it went around peer_add's checks).
+	ctl prefill0 peer add decode1 "${ADDR_NODE[1]}:7400" >/dev/null
+	wait_peer_up prefill0 decode1 20
+	sed -i "s|${ADDR_NODE[2]}:7400\"; }|${ADDR_NODE[1]}:7400\"; }|" "$c"
+	grep -q "decode2\"; addr = \"${ADDR_NODE[1]}:7400" "$c" || setup_fail "the file did not take the new address"
+	ctl prefill0 --json config_reload >"$KVP_TMP/moved.json"
+	json_check "$KVP_TMP/moved.json" "[x['peer'] for x in d['failed']] == ['decode2'] and 'already peer' in d['failed'][0]['why'] and d['changed'] == []" \
+		"moving decode2 onto decode1's address was not refused"
+	ctl prefill0 --json peers >"$KVP_TMP/moved.peers"
+	json_check "$KVP_TMP/moved.peers" "peer('decode2')['addr'] == '${ADDR_NODE[2]}:7400'" "decode2's address changed anyway"
+	log "reload: decode2 moved onto decode1's address refused: $(cat "$KVP_TMP/moved.json")"
 	for n in prefill0 decode1 decode2; do
 		stop_daemon_checked "$n"
 	done
