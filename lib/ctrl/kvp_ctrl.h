@@ -365,6 +365,7 @@ struct kvp_node {
 	uint64_t drain_since_ns;
 	uint64_t next_stats_ns;	 /**< next periodic write of cfg.stats_file */
 	uint64_t stats_writes;	 /**< stats files written */
+	int stats_dfd;		 /**< the stats file's directory, opened once (-1: not yet) */
 	uint64_t stats_write_errors;
 	char *stats_buf;	 /**< stats_len bytes, allocated at start */
 	size_t stats_len;	 /**< kvp_stats_text_max() of the configuration */

@@ -276,7 +276,7 @@ kvp_node_init(struct kvp_node *n, const struct kvp_config *cfg,
 	n->env = *env;
 	n->tops = tps[0];
 	n->start_ns = kvp_mono_ns();
-	n->client_lfd = n->admin_lfd = n->peer_lfd = n->lock_fd = -1;
+	n->client_lfd = n->admin_lfd = n->peer_lfd = n->lock_fd = n->stats_dfd = -1;
 	n->loop.epfd = n->loop.evfd = n->loop.spare_fd = -1;
 	n->jobs.evfd = n->jobs.watch.fd = -1;
 	n->client_lw.fd = n->admin_lw.fd = n->peer_lw.fd = -1;
@@ -485,6 +485,8 @@ kvp_node_fini(struct kvp_node *n)
 	}
 	if (n->lock_fd >= 0)
 		close(n->lock_fd);
+	if (n->stats_dfd >= 0)
+		close(n->stats_dfd);
 	loop_fini(n);
 	for (unsigned i = 0; i < KVP_ADMIN_CONNS; i++)
 		free(n->admin[i].buf);

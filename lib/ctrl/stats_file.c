@@ -54,16 +54,24 @@ kvp_stats_write_file(struct kvp_node *n)
 	 */
 	base = strrchr(path, '/');
 	base = base ? base + 1 : path;
-	snprintf(dir, sizeof(dir), "%.*s", base - path > 1 ? (int)(base - path - 1) : 1, path);
-	dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	if (dfd < 0) {
-		rc = -errno;
-		goto err;
+	/*
+	 * The directory is opened once and kept (config_set keeps the file in
+	 * it): a name looked up each time could be swapped for a symlink to
+	 * another directory between writes.
+	 */
+	if (n->stats_dfd < 0) {
+		snprintf(dir, sizeof(dir), "%.*s", base - path > 1 ? (int)(base - path - 1) : 1, path);
+		n->stats_dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+		if (n->stats_dfd < 0) {
+			rc = -errno;
+			goto err;
+		}
 	}
+	dfd = n->stats_dfd;
 	fd = open_temp(dfd, base, tmp, sizeof(tmp));
 	if (fd < 0) {
 		rc = fd;
-		goto err_close_dir;
+		goto err;
 	}
 	while (off < len) {
 		ssize_t w = write(fd, n->stats_buf + off, len - off);
@@ -87,14 +95,11 @@ kvp_stats_write_file(struct kvp_node *n)
 		rc = -errno;
 		goto err_unlink;
 	}
-	close(dfd);
 	n->stats_writes++;
 	return 0;
 
 err_unlink:
 	unlinkat(dfd, tmp, 0);
-err_close_dir:
-	close(dfd);
 err:
 	n->stats_write_errors++;
 	KVP_LOG_RL(WARNING, core, "stats file %s: %s", path, strerror(-rc));

@@ -21,7 +21,7 @@
 #   stats_file another user's symlinks at the stats file's name (and at the
 #              old predictable temporary name) are replaced, never written
 #              through; config_set cannot point the file outside its
-#              directory
+#              directory, nor can a symlink swapped for the directory
 #   sockets    a regular file at a socket's name is refused at start, not
 #              unlinked; a symlink at its lock's name is refused, not
 #              followed; at exit only a socket at the name is removed
@@ -339,6 +339,20 @@ case_stats_file() {
 	json_check "$KVP_TMP/cg.json" "d['value'] == '$pub/k0.prom'" "a refused config_set changed stats.file"
 	ctl k0 config_set stats.file "$pub/other.prom" >/dev/null || fail "config_set within the directory refused"
 	wait_file "$pub/other.prom" 20 "$pid"
+	# The directory swapped for a symlink to another: writes stay in the one opened.
+	mkdir "$KVP_TMP/elsewhere"
+	mv "$pub" "$pub.moved"
+	ln -s "$KVP_TMP/elsewhere" "$pub"
+	ino=$(stat -c %i "$pub.moved/other.prom")
+	dl=$(deadline_in 20)
+	until [[ $(stat -c %i "$pub.moved/other.prom") != "$ino" ]]; do
+		before "$dl" || fail "the stats file was not rewritten in its directory after the swap"
+		sleep "$KVP_POLL"
+	done
+	[[ -z $(ls -A "$KVP_TMP/elsewhere") ]] || fail "kvproxyd wrote through a swapped directory: $(ls -A "$KVP_TMP/elsewhere")"
+	rm "$pub"
+	mv "$pub.moved" "$pub"
+	log "stats file directory swapped for a symlink: writes stayed in the directory opened at start"
 	ctl k0 config_set stats.interval_ms 0 >/dev/null
 	[[ $(sha256sum "$victim" /etc/passwd) == "$sum" ]] || fail "config_set made kvproxyd write another file"
 	stop_daemon_checked k0
