@@ -281,6 +281,8 @@ on_data(struct tcp_ctx *t, struct tcp_conn *c, const struct kvp_wire_hdr *h)
 				c->rx_stage = stage_get(&t->stage, &t->w->stats, STAGE_RX);
 				if (c->rx_stage < 0) {
 					kvp_region_put(r);
+					/* Its bytes wait for us, not we for them: not a silent peer. */
+					c->last_rx_ns = kvp_mono_ns();
 					return false;
 				}
 			}
