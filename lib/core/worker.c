@@ -627,7 +627,8 @@ kvp_worker_inbox(struct kvp_worker *w)
 			if (rc == -EEXIST && !m->outgoing) {
 				/* A second inbound link of one number: the live one stays up. */
 				close(m->fd);
-				KVP_LOG_RL(WARNING, core, "peer %u: a second link %u while it is up: refused",
+				KVP_LOG_RL(WARNING, core,
+					   "peer %u: a second link %u while it is up: refused",
 					   m->peer, m->link);
 			} else if (rc < 0) {
 				close(m->fd);

@@ -163,7 +163,8 @@ unix_listen(const char *path, const struct kvp_group *grp, int *lock_fd, char *e
 	lfd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0600);
 	if (lfd < 0) {
 		e = errno;
-		snprintf(err, errlen, "%s: %s", lock, e == ELOOP ? "a symlink: refused" : strerror(e));
+		snprintf(err, errlen, "%s: %s", lock,
+			 e == ELOOP ? "a symlink: refused" : strerror(e));
 		return -e;
 	}
 	if (fstat(lfd, &st) < 0 || !S_ISREG(st.st_mode)) {
@@ -178,7 +179,8 @@ unix_listen(const char *path, const struct kvp_group *grp, int *lock_fd, char *e
 	}
 	/* We hold the lock, so an existing socket is stale; anything else is not ours. */
 	if (lstat(path, &st) == 0 && !S_ISSOCK(st.st_mode)) {
-		snprintf(err, errlen, "%s: exists and is not a socket: refusing to replace it", path);
+		snprintf(err, errlen, "%s: exists and is not a socket: refusing to replace it",
+			 path);
 		close(lfd);
 		return -EEXIST;
 	}

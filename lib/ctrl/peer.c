@@ -86,8 +86,9 @@ dns_done(struct kvp_node *n, struct kvp_job *j)
 	if (n->jobs.quit)
 		return; /* shutting down: no more dials */
 	/* The slot may have been removed, or taken by another peer, meanwhile. */
-	if (p->slot_state == KVP_PS_ACTIVE && p->gen == d->gen && p->out_state == KVP_LINK_RESOLVING &&
-	    p->port == d->port && strcmp(p->host, d->host) == 0) {
+	if (p->slot_state == KVP_PS_ACTIVE && p->gen == d->gen &&
+	    p->out_state == KVP_LINK_RESOLVING && p->port == d->port &&
+	    strcmp(p->host, d->host) == 0) {
 		if (d->rc < 0) {
 			out_fail(n, d->peer, "cannot resolve its host name", KVP_PEER_WHY_CONNECT);
 		} else {

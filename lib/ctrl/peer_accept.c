@@ -74,7 +74,8 @@ same_source(const struct sockaddr_storage *a, const struct sockaddr_storage *b)
 		       ((const struct sockaddr_in *)b)->sin_addr.s_addr;
 	if (a->ss_family == AF_INET6)
 		return memcmp(&((const struct sockaddr_in6 *)a)->sin6_addr,
-			      &((const struct sockaddr_in6 *)b)->sin6_addr, sizeof(struct in6_addr)) == 0;
+			      &((const struct sockaddr_in6 *)b)->sin6_addr,
+			      sizeof(struct in6_addr)) == 0;
 	return false;
 }
 
@@ -91,7 +92,8 @@ peer_take_pending(struct kvp_node *n, int fd)
 		same += n->pending[i].fd >= 0 && same_source(&n->pending[i].from, &from);
 	if (same >= KVP_PENDING_PER_SOURCE) {
 		n->bad_handshakes++;
-		KVP_LOG_RL(WARNING, core, "%u peer handshakes in progress from one address; connection refused",
+		KVP_LOG_RL(WARNING, core,
+			   "%u peer handshakes in progress from one address; connection refused",
 			   same);
 		close(fd);
 		return -EBUSY;
@@ -173,7 +175,8 @@ pending_refuse(struct kvp_node *n, struct kvp_pending_conn *pc, const char *who,
 	}
 	/* The id is the remote's, unchecked: only a well-formed one reaches the log. */
 	KVP_LOG_RL(WARNING, core, "peer '%s' refused: %s",
-		   kvp_config_node_id_ok(who) ? who : "(malformed node id)", peer_hello_err_str(status));
+		   kvp_config_node_id_ok(who) ? who : "(malformed node id)",
+		   peer_hello_err_str(status));
 	pending_close(n, pc, false);
 }
 

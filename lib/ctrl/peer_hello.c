@@ -53,7 +53,8 @@ peer_resolve(const char *host, uint16_t port, bool passive, bool numeric,
 	char pstr[8];
 	int rc;
 
-	hints.ai_flags = (passive ? AI_PASSIVE : 0) | (numeric ? AI_NUMERICHOST : 0) | AI_NUMERICSERV;
+	hints.ai_flags =
+		(passive ? AI_PASSIVE : 0) | (numeric ? AI_NUMERICHOST : 0) | AI_NUMERICSERV;
 	snprintf(pstr, sizeof(pstr), "%u", port);
 	rc = getaddrinfo(host, pstr, &hints, &res);
 	if (rc == EAI_NONAME && numeric)

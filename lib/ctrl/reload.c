@@ -67,7 +67,8 @@ reload_peers(struct kvp_node *n, const struct kvp_config *nc, json_t *o)
 		if (!moved && p->origin == KVP_PEER_CONFIG)
 			continue;
 		if (moved && peer_addr_check(n, slot, pc->host, pc->port, why, sizeof(why)) < 0) {
-			json_array_append_new(failed, json_pack("{s:s, s:s}", "peer", pc->node_id, "why", why));
+			json_array_append_new(failed, json_pack("{s:s, s:s}", "peer", pc->node_id,
+								"why", why));
 			continue;
 		}
 		json_t *c = json_pack("{s:s}", "peer", pc->node_id);

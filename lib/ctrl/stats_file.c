@@ -60,7 +60,8 @@ kvp_stats_write_file(struct kvp_node *n)
 	 * another directory between writes.
 	 */
 	if (n->stats_dfd < 0) {
-		snprintf(dir, sizeof(dir), "%.*s", base - path > 1 ? (int)(base - path - 1) : 1, path);
+		snprintf(dir, sizeof(dir), "%.*s", base - path > 1 ? (int)(base - path - 1) : 1,
+			 path);
 		n->stats_dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 		if (n->stats_dfd < 0) {
 			rc = -errno;

@@ -378,7 +378,8 @@ on_ack(struct tcp_ctx *t, struct tcp_conn *c, const struct kvp_wire_hdr *h)
 	if (x && (x->peer != c->peer || x->t_conn != c->id)) {
 		if (x->peer != c->peer) {
 			KVP_STAT_ADD(t->w->stats.peer[c->peer].bad_frames, 1);
-			KVP_LOG_RL(WARNING, tcp, "peer %u: ACK for tag %016" PRIx64 " sent to peer %u: ignored",
+			KVP_LOG_RL(WARNING, tcp,
+				   "peer %u: ACK for tag %016" PRIx64 " sent to peer %u: ignored",
 				   c->peer, h->tag, x->peer);
 		}
 		return;
