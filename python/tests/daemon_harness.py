@@ -346,13 +346,23 @@ def teardown_started() -> None:
         p = d.stop()
         if p and d.node_id != "doomed0":  # doomed0 is killed on purpose
             problems.append(p + "\n" + d.log_tail())
-    if TMP is not None:
+    finish(TMP, problems)
+
+
+def finish(tmp: Optional[Path], problems: List[str]) -> None:
+    """Remove @p tmp unless there are @p problems or KVP_KEEP is set; then fail with the problems."""
+    if tmp is not None:
         if problems or os.environ.get("KVP_KEEP"):
-            log(f"kept {TMP}")
+            log(f"kept {tmp}")
         else:
-            shutil.rmtree(TMP, ignore_errors=True)
+            shutil.rmtree(tmp, ignore_errors=True)
     if problems:
         raise AssertionError("\n".join(problems))
+
+
+def stop_and_clean(tmp: Path, daemons) -> None:
+    """tearDownClass of a case's own daemons: stop each (in the order given), then finish()."""
+    finish(tmp, [p for p in (d.stop() for d in daemons) if p])
 
 
 _next_id = [1000]

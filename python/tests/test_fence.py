@@ -20,7 +20,6 @@ temp dir, KVP_WORKERS. Exit status: 0 pass, 1 fail, 77 skip (with the reason).
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -123,13 +122,7 @@ class FenceTest(unittest.TestCase):
                 c.close()
         cls.sbuf.close()
         cls.dbuf.close()
-        problems = [p for p in (d.stop() for d in (cls.decode, cls.prefill)) if p]
-        if problems or os.environ.get("KVP_KEEP"):
-            tb.log(f"kept {cls.tmp}")
-        else:
-            shutil.rmtree(cls.tmp, ignore_errors=True)
-        if problems:
-            raise AssertionError("\n".join(problems))
+        tb.stop_and_clean(cls.tmp, (cls.decode, cls.prefill))
 
     def tag(self) -> int:
         FenceTest.next_tag += 1

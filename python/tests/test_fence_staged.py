@@ -20,7 +20,6 @@ temp dir. Exit status: 0 pass, 1 fail, 77 skip (with the reason).
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import sys
 import tempfile
@@ -75,13 +74,7 @@ class StagedFenceTest(unittest.TestCase):
         cls.dst.close()
         cls.sbuf.close()
         cls.dbuf.close()
-        problems = [p for p in (d.stop() for d in (cls.decode, cls.prefill)) if p]
-        if problems or os.environ.get("KVP_KEEP"):
-            tb.log(f"kept {cls.tmp}")
-        else:
-            shutil.rmtree(cls.tmp, ignore_errors=True)
-        if problems:
-            raise AssertionError("\n".join(problems))
+        tb.stop_and_clean(cls.tmp, (cls.decode, cls.prefill))
 
     def round(self, r: int) -> int:
         """One round; returns how many of A's transfers the fence met in flight."""
@@ -127,11 +120,5 @@ class StagedFenceTest(unittest.TestCase):
         self.assertGreater(met, 0, f"the fence met nothing in flight in {ROUNDS} rounds")
 
 
-def main() -> int:
-    tb.require_daemon_and_library()
-    result = unittest.main(exit=False, verbosity=2).result
-    return 0 if result.wasSuccessful() else 1
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(tb.run_cases(StagedFenceTest))

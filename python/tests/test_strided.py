@@ -24,8 +24,6 @@ temp dir. Exit status: 0 pass, 1 fail, 77 skip (with the reason).
 
 from __future__ import annotations
 
-import os
-import shutil
 import sys
 import tempfile
 import time
@@ -105,13 +103,7 @@ class StridedBase(unittest.TestCase):
             c.close()
         cls.sbuf.close()
         cls.dbuf.close()
-        problems = [p for p in (d.stop() for d in (cls.decode, cls.prefill)) if p]
-        if problems or os.environ.get("KVP_KEEP"):
-            tb.log(f"kept {cls.tmp}")
-        else:
-            shutil.rmtree(cls.tmp, ignore_errors=True)
-        if problems:
-            raise AssertionError("\n".join(problems))
+        tb.stop_and_clean(cls.tmp, (cls.decode, cls.prefill))
 
     def move(self, segs: List[Tuple[int, ...]], expect: str = "ok") -> kvproxy.Completion:
         """Submit one transfer of segs (offsets relative to the regions) and wait for its end."""

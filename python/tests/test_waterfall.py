@@ -29,9 +29,7 @@ Environment: KVPROXYD, KVPROXY_LIB (meson sets both). Exit status: 0 pass,
 from __future__ import annotations
 
 import json
-import os
 import random
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -98,13 +96,7 @@ class WaterfallTest(unittest.TestCase):
     @classmethod
     def tearDownClass(cls) -> None:
         cls.pc.close()
-        problems = [p for p in (d.stop() for d in reversed(tb.STARTED)) if p]
-        if problems or os.environ.get("KVP_KEEP"):
-            tb.log(f"kept {cls.tmp}")
-        else:
-            shutil.rmtree(cls.tmp, ignore_errors=True)
-        if problems:
-            raise AssertionError("\n".join(problems))
+        tb.stop_and_clean(cls.tmp, reversed(tb.STARTED))
 
     @classmethod
     def run_requests(cls, ranks: int, total: int) -> None:

@@ -18,8 +18,6 @@ temp dir. Exit status: 0 pass, 1 fail, 77 skip (with the reason).
 
 from __future__ import annotations
 
-import os
-import shutil
 import socket
 import sys
 import tempfile
@@ -65,13 +63,7 @@ timeouts = {{ peer_ms = 5000; connect_ms = 5000; reconnect_ms = 100; }};
     def tearDownClass(cls) -> None:
         cls.client.close()
         cls.buf.close()
-        problem = cls.node.stop()
-        if problem or os.environ.get("KVP_KEEP"):
-            tb.log(f"kept {cls.tmp}")
-        else:
-            shutil.rmtree(cls.tmp, ignore_errors=True)
-        if problem:
-            raise AssertionError(problem)
+        tb.stop_and_clean(cls.tmp, (cls.node,))
 
     def peer_row(self, node_id: str) -> dict:
         rows = [p for p in self.node.admin_call("stats")["peers"] if p.get("node_id") == node_id]
@@ -156,11 +148,5 @@ timeouts = {{ peer_ms = 5000; connect_ms = 5000; reconnect_ms = 100; }};
         self.assertIn("accept_unknown_peers without auth.secret: any local process", text)
 
 
-def main() -> int:
-    tb.require_daemon_and_library()
-    result = unittest.main(exit=False, verbosity=2).result
-    return 0 if result.wasSuccessful() else 1
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(tb.run_cases(WirePeersTest))
