@@ -45,8 +45,11 @@ worker_sleep(struct kvp_worker *w)
 		pfd[1 + i] = (struct pollfd){ .fd = fds[i], .events = POLLIN };
 	/* Heartbeats are due every peer_ms / 4: wake often enough to send them. */
 	int idle = (int)(w->cfg->peer_timeout_ms / 8);
-	/* Ended transfers waiting for CQ room have no deadline left to watch. */
-	bool busy = kvp_worker_inflight(w) > 0 || w->fences_pending;
+	/*
+	 * Ended transfers waiting for CQ room have no deadline left to watch;
+	 * lost-notice counts wait for room towards another worker.
+	 */
+	bool busy = kvp_worker_inflight(w) > 0 || w->fences_pending || w->xlost_to;
 	int timeout = busy ? SLEEP_BUSY_MS : idle < SLEEP_IDLE_MS ? idle : SLEEP_IDLE_MS;
 
 	poll(pfd, 1 + n, timeout);

@@ -325,7 +325,12 @@ int kvp_poll(struct kvp_client *c, struct kvp_cqe *out, uint32_t max);
  */
 int kvp_wait(struct kvp_client *c, struct kvp_cqe *out, uint32_t max, int timeout_ms);
 
-/** Completions the daemon had to drop because the completion ring was full. */
+/**
+ * Landing notices the daemon had to drop: the completion ring was full, or
+ * (with several workers) the ring between the worker the bytes landed on
+ * and this client's worker was. Transfers the client submitted always get
+ * their completion; only LANDED ones are dropped.
+ */
 uint32_t kvp_overflow(const struct kvp_client *c);
 
 /**

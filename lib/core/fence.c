@@ -243,7 +243,10 @@ mirror_clear(struct kvp_worker *w, struct kvp_fence *f)
 		f->state = KVP_FENCE_HOLD;
 		w->fences_pending--;
 	}
-	f->clear_owed = kvp_worker_xroom(w, f->origin) == 0 || kvp_worker_xsend(w, f->origin, &m) < 0;
+	/* Lost landing notices are counted before the fence completes. */
+	f->clear_owed = !kvp_worker_xlost_flush(w, f->origin) ||
+			kvp_worker_xroom(w, f->origin) == 0 ||
+			kvp_worker_xsend(w, f->origin, &m) < 0;
 }
 
 void

@@ -316,6 +316,7 @@ enum kvp_xmsg_type {
 	KVP_XM_FENCE_SET,  /**< owner -> others: hold a mirror of this fence */
 	KVP_XM_FENCE_DEL,  /**< owner -> others: drop the mirror (fence expired or client gone) */
 	KVP_XM_FENCE_CLEAR, /**< mirror -> owner: nothing of it can land through my links any more */
+	KVP_XM_LOST,	    /**< worker -> owner: notices for a client lost (full ring) */
 };
 
 struct kvp_xmsg {
@@ -325,7 +326,7 @@ struct kvp_xmsg {
 	uint32_t owner;	  /**< the client */
 	uint64_t user_id; /**< LANDED: the transfer's; FENCE_SET: the fence's value */
 	uint64_t key;	  /**< LANDED: the first destination region; FENCE_SET: the mask */
-	uint64_t bytes;	  /**< LANDED: payload; FENCE_CLEAR: bytes the mirror refused */
+	uint64_t bytes;	  /**< LANDED: payload; FENCE_CLEAR: refused; LOST: notices */
 	uint64_t t0;	  /**< LANDED: first byte in; FENCE_SET: when it was set */
 	uint64_t t1;	  /**< LANDED: last byte landed; FENCE_SET: when it expires */
 	uint32_t nseg;	  /**< LANDED */
@@ -338,6 +339,12 @@ struct kvp_xmsg {
 #define KVP_XM_F_FORCED 0x1u /**< the mirror had to force its transports */
 
 static_assert(sizeof(struct kvp_xmsg) == 64, "one cache line per cross-worker message");
+
+/** Landing notices lost towards one worker for one client slot. */
+struct kvp_xlost {
+	uint32_t owner; /**< the client (its generation: a reused slot starts over) */
+	uint32_t count;
+};
 
 /**
  * Admission counts of one client (its worker writes, the main lcore reads
@@ -503,6 +510,14 @@ struct kvp_worker {
 	uint64_t next_timer_ns;
 	volatile bool quit;
 	bool draining; /**< set by the main lcore: refuse new submissions (relaxed) */
+	/*
+	 * Landing notices lost on a full ring towards another worker, by
+	 * [worker * chan_slots + client slot]: sent on as LOST once there is
+	 * room, and before any CLEAR, so that the client's CQ overflow counts
+	 * them ahead of a fence's completion.
+	 */
+	struct kvp_xlost *xlost;
+	uint64_t xlost_to; /**< a bit per worker that xlost owes a LOST */
 	struct kvp_fence *fences; /**< cfg->max_fences * nworkers slots: its own and mirrors */
 	uint32_t nfences;	  /**< slots in use */
 	uint32_t nfences_own;	  /**< of them, its own clients' (at most cfg->max_fences) */
@@ -564,6 +579,12 @@ int kvp_worker_inbox(struct kvp_worker *w);
  * -ENOBUFS if the ring towards it is full (counted in stats.xmsg_lost)
  */
 int kvp_worker_xsend(struct kvp_worker *w, unsigned to, const struct kvp_xmsg *m);
+
+/**
+ * Send worker @p to the LOST counts owed to it. @return true when none is
+ * owed any more; false while its ring is full
+ */
+bool kvp_worker_xlost_flush(struct kvp_worker *w, unsigned to);
 
 /** Messages the ring towards worker @p to can take now. */
 unsigned kvp_worker_xroom(const struct kvp_worker *w, unsigned to);

@@ -121,7 +121,9 @@ kvp_workers_join(struct kvp_worker *all, unsigned n, const uint8_t *client_worke
 		struct kvp_fence *f = rte_zmalloc_socket(
 			"kvp_fences", sizeof(*f) * (size_t)cfg->max_fences * n, 64, socket);
 		w->xin = rte_zmalloc_socket("kvp_xin", sizeof(*w->xin) * n, 64, socket);
-		if (!f || !w->xin) {
+		w->xlost = rte_zmalloc_socket("kvp_xlost", sizeof(*w->xlost) * n * w->chan_slots,
+					      64, socket);
+		if (!f || !w->xin || !w->xlost) {
 			rte_free(f);
 			return -ENOMEM;
 		}
@@ -148,6 +150,8 @@ kvp_worker_fini(struct kvp_worker *w)
 		rte_ring_free(w->xin[i]);
 	rte_free(w->xin);
 	w->xin = NULL;
+	rte_free(w->xlost);
+	w->xlost = NULL;
 	if (w->evfd >= 0)
 		close(w->evfd);
 	w->evfd = -1;
@@ -467,6 +471,23 @@ owner_worker(const struct kvp_worker *w, uint32_t owner)
 	return o < w->nworkers ? o : w->idx;
 }
 
+/* A landing notice for @p owner found the ring towards worker @p to full. */
+static void
+xlost_add(struct kvp_worker *w, unsigned to, uint32_t owner)
+{
+	uint32_t slot = kvp_client_slot(owner);
+
+	if (!w->xlost || slot >= w->chan_slots)
+		return;
+	struct kvp_xlost *e = &w->xlost[(size_t)to * w->chan_slots + slot];
+
+	if (e->owner != owner)
+		*e = (struct kvp_xlost){ .owner = owner }; /* the slot's last client is gone */
+	if (e->count != UINT32_MAX)
+		e->count++;
+	w->xlost_to |= 1ull << to;
+}
+
 void
 kvp_worker_landed(struct kvp_worker *w, uint16_t peer, uint32_t owner, uint64_t user_id,
 		  uint64_t dst_key, uint64_t bytes, uint32_t nseg, uint64_t first_ns)
@@ -505,6 +526,45 @@ kvp_worker_landed(struct kvp_worker *w, uint16_t peer, uint32_t owner, uint64_t 
 	};
 	if (kvp_worker_xsend(w, to, &m) == 0)
 		KVP_STAT_ADD(w->stats.xlanded, 1);
+	else
+		xlost_add(w, to, owner);
+}
+
+bool
+kvp_worker_xlost_flush(struct kvp_worker *w, unsigned to)
+{
+	struct kvp_xlost *row = w->xlost ? &w->xlost[(size_t)to * w->chan_slots] : NULL;
+
+	if (!(w->xlost_to & (1ull << to)))
+		return true;
+	for (uint32_t i = 0; i < w->chan_slots; i++) {
+		if (row[i].count == 0)
+			continue;
+		if (kvp_worker_xroom(w, to) == 0)
+			return false;
+		struct kvp_xmsg m = {
+			.type = KVP_XM_LOST,
+			.from = (uint8_t)w->idx,
+			.owner = row[i].owner,
+			.bytes = row[i].count,
+		};
+		kvp_worker_xsend(w, to, &m); /* room checked */
+		row[i].count = 0;
+	}
+	w->xlost_to &= ~(1ull << to);
+	return true;
+}
+
+/* The owner learns what its client's CQ missed: the count the client reads. */
+static void
+deliver_lost(struct kvp_worker *w, uint32_t owner, uint64_t count)
+{
+	uint32_t slot = kvp_client_slot(owner);
+	struct kvp_chan *ch = slot < w->chan_slots ? w->chans[slot] : NULL;
+
+	if (ch && ch->id == owner && !ch->broken)
+		atomic_fetch_add_explicit(&ch->cq.shm->overflow, (uint32_t)count,
+					  memory_order_relaxed);
 }
 
 /* Messages from the other workers, in the order each sent them. */
@@ -527,6 +587,8 @@ xinbox(struct kvp_worker *w)
 				if (m->type == KVP_XM_LANDED)
 					deliver_landed(w, m->peer, m->handle, m->owner, m->user_id,
 						       m->key, m->bytes, m->nseg, m->t0, m->t1);
+				else if (m->type == KVP_XM_LOST)
+					deliver_lost(w, m->owner, m->bytes);
 				else
 					fence_xmsg(w, m);
 			}
@@ -711,6 +773,8 @@ kvp_worker_timers(struct kvp_worker *w, uint64_t now)
 		return 0;
 	w->next_timer_ns = now + TIMER_PERIOD_NS;
 	work += wpeer_timers(w, now);
+	for (unsigned o = 0; w->xlost_to && o < w->nworkers; o++)
+		kvp_worker_xlost_flush(w, o);
 	if (w->nfences)
 		work += fence_timers(w, now);
 	for (uint32_t i = 0; i < w->chan_slots; i++) {

@@ -362,7 +362,8 @@ class Client:
 
     @property
     def overflow(self) -> int:
-        """Completions the daemon had to drop because the completion ring was full."""
+        """Landing notices the daemon had to drop (a full completion ring, or a full
+        ring between two of its workers); a submitted transfer's completion is never dropped."""
         return int(self._lib.kvp_overflow(self._handle("overflow")))
 
     # ---- control calls ----

@@ -12,7 +12,9 @@
  * worker sent before its clear, with the bytes the mirror refused; a mirror
  * that cannot clear is forced after timeouts.peer_ms and the fence says so;
  * expiry and a client that goes drop the mirrors; the fence table and a
- * full ring towards the other worker refuse a fence with no-buffers. A
+ * full ring towards the other worker refuse a fence with no-buffers; a
+ * landing notice that found that ring full is counted in the client's CQ
+ * overflow once there is room, ahead of a fence's completion. A
  * peer added at run time is opened on both workers; removed, each worker
  * zeroes its own rows of the slot as it closes it, and the slot is free
  * (its generation moved on) only once both have closed it.
@@ -106,6 +108,13 @@ next_cqe(struct client *c)
 	if (kvp_ring_dequeue_burst(c->cq, &e, 1) != 1)
 		e.kind = 0;
 	return e;
+}
+
+/* Completions the client's CQ could not take (what kvp_overflow() reads). */
+static uint32_t
+overflow(const struct client *c)
+{
+	return atomic_load_explicit(&c->cq->shm->overflow, memory_order_relaxed);
 }
 
 static struct kvp_worker *
@@ -289,6 +298,35 @@ main(void)
 	while (next_cqe(&a).kind == KVP_CQE_LANDED)
 		got++;
 	CHECK_EQ(got, room);
+	/* The notice that found the ring full reaches a's CQ as an overflow once there is room. */
+	CHECK_EQ(overflow(&a), 0);
+	CHECK(W(1)->xlost_to & 1);
+	run(later + 2 * MS);
+	CHECK_EQ(overflow(&a), 1);
+	CHECK_EQ(W(1)->xlost_to, 0);
+
+	/* 6b. Notices lost before a fence's mirror clears are counted before the fence completes. */
+	for (unsigned i = 0; i < room + 2; i++)
+		kvp_worker_landed(W(1), 0, a.id, 2000 + i, a.key, 1, 1, later);
+	kvp_worker_inbox(W(0));
+	for (got = 0; next_cqe(&a).kind == KVP_CQE_LANDED;)
+		got++;
+	CHECK_EQ(got, room);
+	CHECK_EQ(overflow(&a), 1);
+	uint64_t t6 = kvp_mono_ns();
+	fence(&a, 600, 0x700, ~0xffull, 1);
+	kvp_worker_poll_chans(W(0)); /* SET to worker 1 */
+	kvp_worker_inbox(W(1));	     /* its mirror clears at once: LOST, then CLEAR */
+	kvp_worker_inbox(W(0));
+	e = next_cqe(&a);
+	CHECK_EQ(e.kind, KVP_CQE_FENCE);
+	CHECK_EQ(e.user_id, 600);
+	CHECK_EQ(e.status, KVP_OK);
+	CHECK_EQ(overflow(&a), 3);
+	run(t6 + 10 * MS); /* hold_ms 1: both go */
+	run(t6 + 11 * MS);
+	CHECK_EQ(W(0)->nfences, 0);
+	CHECK_EQ(W(1)->nfences, 0);
 
 	/* 7. b goes with a fence set: the mirror goes with it. */
 	uint64_t t7 = kvp_mono_ns();
