@@ -423,8 +423,8 @@ for i in 1 2 3 4 5; do
 done
 "$KVPROXYCTL" -s "$KVP_TMP/d0.admin" --timeout 5 --json peers >"$KVP_TMP/dns.peers" 2>&1
 kill -TERM \$pid 2>/dev/null
-wait \$pid
-echo "asked \$(cat "$KVP_TMP/dns.asked" 2>/dev/null | wc -l) answered \$answered exit \$?" >"$KVP_TMP/dns.rc"
+wait \$pid; st=\$?
+echo "asked \$(cat "$KVP_TMP/dns.asked" 2>/dev/null | wc -l) answered \$answered exit \$st" >"$KVP_TMP/dns.rc"
 kill \$spid
 SH
 	ip netns exec "$ns" unshare -m --propagation private bash "$KVP_TMP/dns.sh" || rc=$?
