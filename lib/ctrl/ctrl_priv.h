@@ -182,6 +182,9 @@ const char *peer_origin_name(int origin);
 int peer_find(const struct kvp_node *n, const char *node_id, bool draining);
 /** The active slot dialled at @p host : @p port, or -1. */
 int peer_find_addr(const struct kvp_node *n, const char *host, uint16_t port);
+/** Say why host:port is refused: it is peer @p holder's (-1: our own listen address). @return -EEXIST, -EINVAL */
+int peer_addr_refused(const struct kvp_node *n, int holder, const char *host, uint16_t port,
+		      char *why, size_t whylen);
 /** May slot @p self (-1: a new one) dial host:port? Not our own, nor another slot's. @return 0 or -errno, with @p why */
 int peer_addr_check(const struct kvp_node *n, int self, const char *host, uint16_t port, char *why,
 		    size_t whylen);

@@ -107,20 +107,28 @@ peer_find_addr(const struct kvp_node *n, const char *host, uint16_t port)
 }
 
 int
+peer_addr_refused(const struct kvp_node *n, int holder, const char *host, uint16_t port, char *why,
+		  size_t whylen)
+{
+	if (holder < 0) {
+		snprintf(why, whylen, "%s:%u is this node's own listen address", host, port);
+		return -EINVAL;
+	}
+	snprintf(why, whylen, "%s:%u is already peer '%s' (%s)", host, port,
+		 peer_label(n, (uint32_t)holder), peer_origin_name(n->peers[holder].origin));
+	return -EEXIST;
+}
+
+int
 peer_addr_check(const struct kvp_node *n, int self, const char *host, uint16_t port, char *why,
 		size_t whylen)
 {
 	int slot;
 
-	if (port == n->cfg.listen_port && strcasecmp(host, n->cfg.listen_host) == 0) {
-		snprintf(why, whylen, "%s:%u is this node's own listen address", host, port);
-		return -EINVAL;
-	}
-	if ((slot = peer_find_addr(n, host, port)) >= 0 && slot != self) {
-		snprintf(why, whylen, "%s:%u is already peer '%s' (%s)", host, port,
-			 peer_label(n, (uint32_t)slot), peer_origin_name(n->peers[slot].origin));
-		return -EEXIST;
-	}
+	if (port == n->cfg.listen_port && strcasecmp(host, n->cfg.listen_host) == 0)
+		return peer_addr_refused(n, -1, host, port, why, whylen);
+	if ((slot = peer_find_addr(n, host, port)) >= 0 && slot != self)
+		return peer_addr_refused(n, slot, host, port, why, whylen);
 	return 0;
 }
 

@@ -21,6 +21,90 @@ in_file(const struct kvp_config *c, const char *node_id)
 	return kvp_config_peer_index(c, node_id) >= 0;
 }
 
+static bool
+peer_moved(const struct kvp_peer *p, const struct kvp_peer_conf *pc)
+{
+	return !p->host[0] || p->port != pc->port || strcasecmp(p->host, pc->host) != 0;
+}
+
+/* The table's peer @p j is to be dialled at HOST:PORT once the reload is done. */
+static bool
+final_at(const struct kvp_node *n, const struct kvp_config *nc, const bool *move, uint32_t j,
+	 const char *host, uint16_t port)
+{
+	const struct kvp_peer *p = &n->peers[j];
+	int k = kvp_config_peer_index(nc, p->node_id);
+
+	if (p->slot_state != KVP_PS_ACTIVE)
+		return false;
+	if (k >= 0 && move[k])
+		return nc->peers[k].port == port && strcasecmp(nc->peers[k].host, host) == 0;
+	return p->host[0] && p->port == port && strcasecmp(p->host, host) == 0;
+}
+
+/* The table's peer that will be at file peer @p k's new address, other than itself; -1 none. */
+static int
+final_holder(const struct kvp_node *n, const struct kvp_config *nc, const int *slot_of,
+	     const bool *move, uint32_t k)
+{
+	const struct kvp_peer_conf *pc = &nc->peers[k];
+
+	for (uint32_t j = 0; j < n->cfg.max_peers; j++)
+		if ((int)j != slot_of[k] && final_at(n, nc, move, j, pc->host, pc->port))
+			return (int)j;
+	return -1;
+}
+
+static bool
+own_addr(const struct kvp_node *n, const struct kvp_peer_conf *pc)
+{
+	return pc->port == n->cfg.listen_port && strcasecmp(pc->host, n->cfg.listen_host) == 0;
+}
+
+/*
+ * Which of the file's moves can be made: a moved peer's new address must
+ * be neither this node's own nor where another peer will be once the
+ * reload is done. A peer that the file moves away is not in the way, so
+ * swaps and chains apply whatever their order in the file; a refused move
+ * keeps its peer where it is, which can refuse a move onto that address
+ * in turn: repeat until nothing changes. @p slot_of gets each file peer's
+ * table slot (-1: not in the table), @p move whether it moves.
+ */
+static void
+reload_moves(const struct kvp_node *n, const struct kvp_config *nc, int *slot_of, bool *move)
+{
+	bool again = true;
+
+	for (uint32_t k = 0; k < nc->npeers; k++) {
+		int slot = peer_find(n, nc->peers[k].node_id, true);
+
+		slot_of[k] = slot;
+		move[k] = slot >= 0 && n->peers[slot].slot_state == KVP_PS_ACTIVE &&
+			  peer_moved(&n->peers[slot], &nc->peers[k]);
+	}
+	while (again) {
+		again = false;
+		for (uint32_t k = 0; k < nc->npeers; k++) {
+			if (move[k] && (own_addr(n, &nc->peers[k]) ||
+					final_holder(n, nc, slot_of, move, k) >= 0)) {
+				move[k] = false;
+				again = true;
+			}
+		}
+	}
+}
+
+/* Why file peer @p k's move was refused (after reload_moves()). */
+static void
+move_why(const struct kvp_node *n, const struct kvp_config *nc, const int *slot_of,
+	 const bool *move, uint32_t k, char *why, size_t whylen)
+{
+	const struct kvp_peer_conf *pc = &nc->peers[k];
+	int j = own_addr(n, pc) ? -1 : final_holder(n, nc, slot_of, move, k);
+
+	peer_addr_refused(n, j, pc->host, pc->port, why, whylen);
+}
+
 /* The file's peers against the table: @p o gets "added", "removed", "changed", "failed". */
 static void
 reload_peers(struct kvp_node *n, const struct kvp_config *nc, json_t *o)
@@ -38,20 +122,17 @@ reload_peers(struct kvp_node *n, const struct kvp_config *nc, json_t *o)
 			peer_remove(n, i, "removed from the configuration file");
 		}
 	}
+	int slot_of[KVP_PEERS_MAX];
+	bool move[KVP_PEERS_MAX];
+
+	reload_moves(n, nc, slot_of, move);
+	/* Moves first: a peer added at an address that another one leaves finds it free. */
 	for (uint32_t k = 0; k < nc->npeers; k++) {
 		const struct kvp_peer_conf *pc = &nc->peers[k];
-		int slot = peer_find(n, pc->node_id, true);
+		int slot = slot_of[k];
 
-		if (slot < 0) {
-			slot = peer_add(n, KVP_PEER_CONFIG, pc->node_id, pc->host, pc->port, why,
-					sizeof(why));
-			if (slot < 0)
-				json_array_append_new(failed, json_pack("{s:s, s:s}", "peer",
-									pc->node_id, "why", why));
-			else
-				json_array_append_new(added, json_string(pc->node_id));
+		if (slot < 0)
 			continue;
-		}
 		struct kvp_peer *p = &n->peers[slot];
 
 		if (p->slot_state == KVP_PS_DRAINING) {
@@ -61,12 +142,12 @@ reload_peers(struct kvp_node *n, const struct kvp_config *nc, json_t *o)
 					  "being removed: reload again once it has drained"));
 			continue;
 		}
-		bool moved =
-			!p->host[0] || p->port != pc->port || strcasecmp(p->host, pc->host) != 0;
+		bool moved = peer_moved(p, pc);
 
 		if (!moved && p->origin == KVP_PEER_CONFIG)
 			continue;
-		if (moved && peer_addr_check(n, slot, pc->host, pc->port, why, sizeof(why)) < 0) {
+		if (moved && !move[k]) {
+			move_why(n, nc, slot_of, move, k, why, sizeof(why));
 			json_array_append_new(failed, json_pack("{s:s, s:s}", "peer", pc->node_id,
 								"why", why));
 			continue;
@@ -91,6 +172,19 @@ reload_peers(struct kvp_node *n, const struct kvp_config *nc, json_t *o)
 				pc->node_id, p->addr);
 		}
 		json_array_append_new(changed, c);
+	}
+	for (uint32_t k = 0; k < nc->npeers; k++) {
+		const struct kvp_peer_conf *pc = &nc->peers[k];
+
+		if (slot_of[k] >= 0)
+			continue;
+		int slot = peer_add(n, KVP_PEER_CONFIG, pc->node_id, pc->host, pc->port, why,
+				    sizeof(why));
+		if (slot < 0)
+			json_array_append_new(failed, json_pack("{s:s, s:s}", "peer", pc->node_id,
+								"why", why));
+		else
+			json_array_append_new(added, json_string(pc->node_id));
 	}
 	json_object_set_new(o, "added", added);
 	json_object_set_new(o, "removed", removed);

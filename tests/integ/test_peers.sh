@@ -10,7 +10,8 @@
 #            and the new peers' counters start at zero.
 #   reload   SIGHUP with a peer added to the file and one removed (and a
 #            fixed key changed: reported, left alone); config_reload of a
-#            broken file changes nothing.
+#            broken file changes nothing; a move onto another peer's
+#            address is refused, two peers swapping addresses both move.
 #   idle     64 configured peers, 63 of them unreachable: the peers list
 #            shows them all, CPU share and RSS are measured (under 2 % of a
 #            CPU), a transfer to the live one still verifies; then RSS of an
@@ -291,6 +292,16 @@ case_reload() {
 	ctl prefill0 --json peers >"$KVP_TMP/moved.peers"
 	json_check "$KVP_TMP/moved.peers" "peer('decode2')['addr'] == '${ADDR_NODE[2]}:7400'" "decode2's address changed anyway"
 	log "reload: decode2 moved onto decode1's address refused: $(cat "$KVP_TMP/moved.json")"
+	# Two peers of the file that swap addresses: both move, whatever their order.
+	peers_conf prefill0 "${ADDR_NODE[0]}:7400" \
+		"{ node_id = \"decode2\"; addr = \"${ADDR_NODE[1]}:7400\"; }, { node_id = \"decode1\"; addr = \"${ADDR_NODE[2]}:7400\"; }" 'tcp = { connections = 1; };'
+	ctl prefill0 --json config_reload >"$KVP_TMP/swap.json"
+	json_check "$KVP_TMP/swap.json" "d['failed'] == [] and sorted(x['peer'] for x in d['changed']) == ['decode1', 'decode2']" \
+		"swapping decode1's and decode2's addresses was not applied whole"
+	ctl prefill0 --json peers >"$KVP_TMP/swap.peers"
+	json_check "$KVP_TMP/swap.peers" "peer('decode1')['addr'] == '${ADDR_NODE[2]}:7400' and peer('decode2')['addr'] == '${ADDR_NODE[1]}:7400'" \
+		"the swapped addresses are not in the table"
+	log "reload: decode1 and decode2 swapped addresses: $(cat "$KVP_TMP/swap.json")"
 	for n in prefill0 decode1 decode2; do
 		stop_daemon_checked "$n"
 	done
