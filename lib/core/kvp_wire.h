@@ -126,6 +126,15 @@ struct kvp_wire_hello {
  */
 #define KVP_ABORT_F_ACK 0x1u
 
+/**
+ * PING aux flag: the receiver leaves a DATA header unread until a receive
+ * staging buffer frees, so the sender's bytes wait for it (its send does
+ * not move, by design). Sent every peer_ms / 4 while that lasts, and not
+ * answered: the sender takes it as progress of its send instead of cutting
+ * the link as stalled.
+ */
+#define KVP_PING_RXWAIT 0x1u
+
 #define KVP_HELLO_F_AUTH 0x1u /**< the sender holds the shared secret */
 /* Bits 8-15: the link a dialer's HELLO opens; bits 16-23: the sender's tcp.connections. */
 #define KVP_HELLO_LINK(f)  (((f) >> 8) & 0xffu)

@@ -344,6 +344,8 @@ tcp_attach(void *tctx, uint16_t peer, uint8_t link, int fd, bool outgoing, uint6
 	c->rx_region = NULL;
 	c->rx_stage = -1;
 	c->last_rx_ns = c->last_tx_ns = c->send_ok_ns = kvp_mono_ns();
+	c->held_ping_ns = 0;
+	c->rx_held = false;
 	c->retrans_seen = 0;
 	memset(c->rxt, 0, sizeof(*c->rxt) * (c->rxt_mask + 1));
 	conn_fixed(t, c, true);
@@ -479,7 +481,9 @@ handle_cqe(struct tcp_ctx *t, const struct io_uring_cqe *cqe)
  * a quarter of the peer timeout (both ends do, so each direction carries
  * traffic), and fail a connection that has been silent, or whose send has
  * not moved, for the whole timeout. A slow but live peer keeps reading and
- * pinging, so only a dead or wedged one is cut off.
+ * pinging, so only a dead or wedged one is cut off; one that holds our
+ * bytes back on purpose (no receive staging buffer yet) says so with
+ * KVP_PING_RXWAIT, and we say so to our senders while we do.
  */
 static void
 liveness(struct tcp_ctx *t, uint64_t now)
@@ -500,7 +504,8 @@ liveness(struct tcp_ctx *t, uint64_t now)
 				     ti.tcpi_total_retrans - c->retrans_seen);
 			c->retrans_seen = ti.tcpi_total_retrans;
 		}
-		if (now - c->last_rx_ns > t->peer_ns) {
+		/* A held header: its bytes wait for us, not we for them. */
+		if (now - c->last_rx_ns > t->peer_ns && !c->rx_held) {
 			snprintf(why, sizeof(why), "peer silent for %" PRIu64 " ms",
 				 (now - c->last_rx_ns) / 1000000);
 			tcp_conn_fail(t, c, why);
@@ -513,6 +518,9 @@ liveness(struct tcp_ctx *t, uint64_t now)
 			/* Not behind queued frames (a full zero-copy window): they say as much. */
 			tcp_queue_ctrl(c, KVP_W_PING, 0, 0);
 		}
+		if (c->rx_held && now - c->held_ping_ns >= t->peer_ns / 4 &&
+		    tcp_queue_ctrl(c, KVP_W_PING, 0, KVP_PING_RXWAIT))
+			c->held_ping_ns = now; /* the sender's send waits for us: say so */
 	}
 }
 

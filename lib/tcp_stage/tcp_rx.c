@@ -255,6 +255,7 @@ on_data(struct tcp_ctx *t, struct tcp_conn *c, const struct kvp_wire_hdr *h)
 	uint64_t blk = two_d ? h->aux2 : h->len, stride = two_d ? h->rsvd : h->len;
 	uint64_t span = (h->len / blk - 1) * stride + blk;
 
+	c->rx_held = false;
 	if (e->tag != h->tag) {
 		e->tag = h->tag;
 		e->bytes = 0;
@@ -281,8 +282,7 @@ on_data(struct tcp_ctx *t, struct tcp_conn *c, const struct kvp_wire_hdr *h)
 				c->rx_stage = stage_get(&t->stage, &t->w->stats, STAGE_RX);
 				if (c->rx_stage < 0) {
 					kvp_region_put(r);
-					/* Its bytes wait for us, not we for them: not a silent peer. */
-					c->last_rx_ns = kvp_mono_ns();
+					c->rx_held = true; /* see liveness() */
 					return false;
 				}
 			}
@@ -427,7 +427,7 @@ on_header(struct tcp_ctx *t, struct tcp_conn *c, const struct kvp_wire_hdr *h)
 
 	if (!hdr_ok(t, c, h))
 		return false;
-	if ((h->type == KVP_W_END || h->type == KVP_W_PING ||
+	if ((h->type == KVP_W_END || (h->type == KVP_W_PING && !(h->aux & KVP_PING_RXWAIT)) ||
 	     (h->type == KVP_W_ABORT && (h->rsvd & KVP_ABORT_F_ACK))) &&
 	    txq_room(c) == 0)
 		return false;
@@ -454,7 +454,10 @@ on_header(struct tcp_ctx *t, struct tcp_conn *c, const struct kvp_wire_hdr *h)
 			tcp_queue_ctrl(c, KVP_W_ACK, h->tag, KVP_ECANCELED);
 		return c->slot != 0 || ctl_frame(t, c, h, NULL); /* e.g. an RDMA grant to free */
 	case KVP_W_PING:
-		tcp_queue_ctrl(c, KVP_W_PONG, h->tag, 0);
+		if (h->aux & KVP_PING_RXWAIT)
+			c->send_ok_ns = kvp_mono_ns(); /* our bytes wait for its staging buffer */
+		else
+			tcp_queue_ctrl(c, KVP_W_PONG, h->tag, 0);
 		break;
 	default:
 		break;

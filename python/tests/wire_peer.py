@@ -3,7 +3,9 @@
 that need a peer to misbehave on purpose: unauthenticated handshakes only.
 
 FakeNode listens like a kvproxyd (answers HELLO, PINGs, and ENDs with an ACK
-when told to) and records the DATA/END tags it saw; dial() opens a link to a
+when told to) and records the DATA/END tags it saw; pause() stops it reading
+(its links' bytes back up into the sender), optionally vouching for the wait
+as a kvproxyd waiting for a staging buffer does. dial() opens a link to a
 kvproxyd as a named node would.
 """
 
@@ -16,6 +18,7 @@ from typing import List, Optional, Tuple
 
 MAGIC, VERSION = 0x564B, 2
 HELLO, DATA, END, ACK, ABORT, PING, PONG = range(1, 8)
+PING_RXWAIT = 0x1  # PING aux: "your bytes wait for my staging buffer" (KVP_PING_RXWAIT)
 HDR = struct.Struct("<HBBIQQQQII")  # struct kvp_wire_hdr, 48 bytes
 HELLO_BODY = struct.Struct("<32s32sQIIII32s32s")  # struct kvp_wire_hello, 152 bytes
 HELLO_LEN = HDR.size + HELLO_BODY.size
@@ -34,13 +37,14 @@ def hello(node_id: bytes, to_node: bytes = b"", link: int = 0, links: int = 1, e
 
 
 def recv_exact(s: socket.socket, n: int) -> bytes:
-    buf = b""
-    while len(buf) < n:
-        chunk = s.recv(n - len(buf))
-        if not chunk:
-            raise EOFError(f"closed after {len(buf)} of {n} bytes")
-        buf += chunk
-    return buf
+    buf = bytearray(n)
+    view, got = memoryview(buf), 0
+    while got < n:
+        k = s.recv_into(view[got:])
+        if not k:
+            raise EOFError(f"closed after {got} of {n} bytes")
+        got += k
+    return bytes(buf)
 
 
 def read_frame(s: socket.socket) -> Tuple[tuple, bytes]:
@@ -74,6 +78,8 @@ class FakeNode:
         self.cond = threading.Condition(self.lock)
         self.links: List[socket.socket] = []
         self.ends: List[int] = []  # END tags, in arrival order
+        self.reading = threading.Event()
+        self.reading.set()
         self.ls = socket.socket()
         self.ls.bind(("127.0.0.1", 0))
         self.ls.listen(16)
@@ -100,6 +106,7 @@ class FakeNode:
             with self.cond:
                 self.links.append(c)
             while True:
+                self.reading.wait()
                 (_, _, ftype, _, tag, _, _, _, _, _), _ = read_frame(c)
                 if ftype == PING:
                     self.send(c, frame(PONG, 0, tag))
@@ -111,6 +118,28 @@ class FakeNode:
                         self.send(c, frame(ACK, 0, tag))
         except (OSError, EOFError):
             pass
+
+    def pause(self, mode: str, every: float = 0.1) -> None:
+        """Stop reading every link. Meanwhile, every @p every seconds, @p mode "ping" sends
+        each a plain PING, "rxwait" a PING_RXWAIT (a kvproxyd waiting for a staging buffer);
+        "silent" sends nothing."""
+        self.reading.clear()
+        if mode != "silent":
+            aux = PING_RXWAIT if mode == "rxwait" else 0
+            threading.Thread(target=self._ping, args=(every, aux), daemon=True).start()
+
+    def _ping(self, every: float, aux: int) -> None:
+        while not self.reading.wait(every):
+            with self.cond:
+                links = list(self.links)
+            for c in links:
+                try:
+                    self.send(c, frame(PING, aux=aux))
+                except OSError:
+                    pass
+
+    def resume(self) -> None:
+        self.reading.set()
 
     def wait_end(self, count: int, timeout: float = 10.0) -> Optional[int]:
         """The tag of the @p count-th END seen, once it came (None after @p timeout)."""
@@ -125,6 +154,7 @@ class FakeNode:
             self.send(c, frame(ACK, 0, tag, aux=status))
 
     def close(self) -> None:
+        self.reading.set()
         self.ls.close()
         with self.cond:
             for c in self.links:
