@@ -18,6 +18,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/socket.h>
+#include <sys/types.h>
 
 #include "kvp_config.h"
 #include "kvp_log.h"
@@ -366,6 +367,7 @@ struct kvp_node {
 	uint64_t next_stats_ns;	 /**< next periodic write of cfg.stats_file */
 	uint64_t stats_writes;	 /**< stats files written */
 	int stats_dfd;		 /**< the stats file's directory, opened once (-1: not yet) */
+	uid_t stats_duid;	 /**< its owner: a directory made anew in its place must match */
 	uint64_t stats_write_errors;
 	char *stats_buf;	 /**< stats_len bytes, allocated at start */
 	size_t stats_len;	 /**< kvp_stats_text_max() of the configuration */

@@ -35,6 +35,42 @@ open_temp(int dirfd, const char *base, char *name, size_t len)
 	return -EEXIST;
 }
 
+/*
+ * The stats file's directory. It is opened once and kept (config_set keeps
+ * the file in it): a name looked up each time could be swapped for a
+ * symlink to another directory between writes. Only once it has been
+ * removed (a /run cleanup, an operator's rm) is @p dir opened again, and
+ * then only as a directory of the same owner, not through a symlink.
+ * @return the fd or -errno
+ */
+static int
+stats_dir(struct kvp_node *n, const char *dir)
+{
+	bool again = n->stats_dfd >= 0;
+	struct stat st;
+	int fd;
+
+	if (again && (fstat(n->stats_dfd, &st) < 0 || st.st_nlink > 0))
+		return n->stats_dfd;
+	fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC | (again ? O_NOFOLLOW : 0));
+	if (fd < 0)
+		return errno == ELOOP ? -ENOTDIR : -errno;
+	if (fstat(fd, &st) < 0 || (again && st.st_uid != n->stats_duid)) {
+		int rc = again && st.st_uid != n->stats_duid ? -EPERM : -errno;
+
+		close(fd);
+		return rc;
+	}
+	if (again) {
+		KVP_LOG(NOTICE, core,
+			"stats file: directory %s was removed; writing to the new one", dir);
+		close(n->stats_dfd);
+	}
+	n->stats_dfd = fd;
+	n->stats_duid = st.st_uid;
+	return fd;
+}
+
 int
 kvp_stats_write_file(struct kvp_node *n)
 {
@@ -54,21 +90,12 @@ kvp_stats_write_file(struct kvp_node *n)
 	 */
 	base = strrchr(path, '/');
 	base = base ? base + 1 : path;
-	/*
-	 * The directory is opened once and kept (config_set keeps the file in
-	 * it): a name looked up each time could be swapped for a symlink to
-	 * another directory between writes.
-	 */
-	if (n->stats_dfd < 0) {
-		snprintf(dir, sizeof(dir), "%.*s", base - path > 1 ? (int)(base - path - 1) : 1,
-			 path);
-		n->stats_dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-		if (n->stats_dfd < 0) {
-			rc = -errno;
-			goto err;
-		}
+	snprintf(dir, sizeof(dir), "%.*s", base - path > 1 ? (int)(base - path - 1) : 1, path);
+	dfd = stats_dir(n, dir);
+	if (dfd < 0) {
+		rc = dfd;
+		goto err;
 	}
-	dfd = n->stats_dfd;
 	fd = open_temp(dfd, base, tmp, sizeof(tmp));
 	if (fd < 0) {
 		rc = fd;

@@ -554,6 +554,16 @@ wait_file() {
 }
 
 # wait_pid PID SECONDS: wait for a child to exit, bounded; returns its status.
+# wait_log ID TEXT SECONDS: until daemon ID's log holds TEXT (a fixed string).
+wait_log() {
+	local dl
+	dl=$(deadline_in "$3")
+	until grep -qF -- "$2" "$KVP_TMP/$1.log"; do
+		before "$dl" || fail "$1's log did not say '$2' within ${3}s"
+		sleep "$KVP_POLL"
+	done
+}
+
 wait_pid() {
 	local pid=$1 dl rc=0
 	dl=$(deadline_in "$2")

@@ -353,6 +353,23 @@ case_stats_file() {
 	rm "$pub"
 	mv "$pub.moved" "$pub"
 	log "stats file directory swapped for a symlink: writes stayed in the directory opened at start"
+	# Removed and made anew: the file comes back in the new directory ...
+	rm -rf "$pub"
+	mkdir -m 0777 "$pub"
+	wait_file "$pub/other.prom" 20 "$pid"
+	# ... but not through a symlink left in its place, nor into another user's directory.
+	rm -rf "$pub"
+	ln -s "$KVP_TMP/elsewhere" "$pub"
+	wait_log k0 "stats file $pub/other.prom: Not a directory" 20
+	[[ -z $(ls -A "$KVP_TMP/elsewhere") ]] || fail "kvproxyd wrote through a symlink left for its removed directory"
+	rm "$pub"
+	mkdir -m 0777 "$pub"
+	chown 65534 "$pub"
+	wait_log k0 "stats file $pub/other.prom: Operation not permitted" 20
+	[[ -z $(ls -A "$pub") ]] || fail "kvproxyd wrote into another user's directory made in place of its own: $(ls -A "$pub")"
+	chown 0 "$pub"
+	wait_file "$pub/other.prom" 20 "$pid"
+	log "stats file directory removed: reopened once made anew as root's, refused as a symlink or another user's"
 	ctl k0 config_set stats.interval_ms 0 >/dev/null
 	[[ $(sha256sum "$victim" /etc/passwd) == "$sum" ]] || fail "config_set made kvproxyd write another file"
 	stop_daemon_checked k0
