@@ -226,10 +226,14 @@ struct kvp_client_conn {
 
 #define KVP_ADMIN_CONNS	  16
 #define KVP_ADMIN_LINEMAX (64u << 10)
-#define KVP_PENDING_MAX	  16
-/* Of those, from one address: a node dials one link at a time, so idle
- * connections from one source cannot hold every handshake slot. */
-#define KVP_PENDING_PER_SOURCE 8
+#define KVP_PENDING_MAX	  64
+/*
+ * Of those, from one address: a node dials one link at a time, but a host
+ * runs a sidecar per GPU (and pods behind SNAT share an address), all
+ * dialling at once after a restart; idle connections from one source still
+ * cannot hold more than a quarter of the handshake slots.
+ */
+#define KVP_PENDING_PER_SOURCE 16
 
 /** One admin connection (main lcore); see admin_conn.c for its bounds. */
 struct kvp_admin_conn {

@@ -10,7 +10,8 @@
 - A node id with a newline (a forged log line) is refused and never reaches
   the log as such.
 - A peer named by a host name (resolved on a helper thread) is dialled.
-- Idle connections from one address cannot take every handshake slot.
+- Idle connections from one address cannot take every handshake slot, and
+  eight under way from one address leave room for more nodes behind it.
 
 Environment: KVPROXYD, KVPROXY_LIB (meson sets both), KVP_KEEP=1 keeps the
 temp dir. Exit status: 0 pass, 1 fail, 77 skip (with the reason).
@@ -33,6 +34,9 @@ import daemon_harness as tb  # noqa: E402  (daemon helpers)
 import wire_peer as wp  # noqa: E402
 
 import kvproxy  # noqa: E402
+
+
+PENDING_MAX = 64  # KVP_PENDING_MAX: peer handshakes under way at once
 
 
 class WirePeersTest(unittest.TestCase):
@@ -125,12 +129,25 @@ timeouts = {{ peer_ms = 5000; connect_ms = 5000; reconnect_ms = 100; }};
         self.assertTrue(peers["inbound1"]["inbound_up"], "the refused duplicate took the live link's state down")
 
     def test_idle_handshakes_from_one_address(self) -> None:
-        """Sixteen connections from one address that never say HELLO hold at most
-        half the handshake slots: a node dialling from another address gets in."""
+        """As many connections from one address as there are handshake slots (64), none
+        saying HELLO, hold at most a quarter of them: a node dialling from another address
+        gets in."""
         idle = [socket.create_connection(("127.0.0.1", self.node.port), source_address=("127.0.0.1", 0))
-                for _ in range(16)]
+                for _ in range(PENDING_MAX)]
         try:
             link = wp.dial(self.node.port, b"inbound2", source="127.0.0.2")
+            link.close()
+        finally:
+            for s in idle:
+                s.close()
+
+    def test_many_nodes_behind_one_address(self) -> None:
+        """Eight handshakes under way from one address (eight sidecars of one host dialling
+        at once after a restart) leave room for a ninth node there."""
+        idle = [socket.create_connection(("127.0.0.1", self.node.port), source_address=("127.0.0.3", 0))
+                for _ in range(8)]
+        try:
+            link = wp.dial(self.node.port, b"inbound3", source="127.0.0.3")
             link.close()
         finally:
             for s in idle:

@@ -215,11 +215,11 @@ case_fds() {
 	# The soft limit is raised to the hard one.
 	solo_conf f1 'limits = { max_clients = 40; sq_entries = 64; cq_entries = 64; max_segments = 16; };'
 	KVP_DAEMON_LOGS+=("$KVP_TMP/f1.log")
-	spawn "" "$KVP_TMP/f1.log" - prlimit --nofile=128:600 "$KVPROXYD" "${KVP_EAL[@]}" -- -c "$KVP_TMP/f1.conf"
+	spawn "" "$KVP_TMP/f1.log" - prlimit --nofile=128:700 "$KVPROXYD" "${KVP_EAL[@]}" -- -c "$KVP_TMP/f1.conf"
 	DPID[f1]=$SPAWNED
 	wait_admin f1
 	pid=${DPID[f1]}
-	grep -Eq '^Max open files +600 +600 ' "/proc/$pid/limits" ||
+	grep -Eq '^Max open files +700 +700 ' "/proc/$pid/limits" ||
 		fail "soft RLIMIT_NOFILE not raised to the hard one: $(grep 'open files' "/proc/$pid/limits")"
 
 	# The client limit: refused with the daemon's reason, counted.
@@ -288,7 +288,7 @@ PY
 		fail "no kvproxy_clients_refused_total{reason=\"limit\"} 5"
 	stop_daemon_checked f1
 	# The log is a file, flushed at exit.
-	grep -q 'open files: limit 600 (raised from 128)' "$KVP_TMP/f1.log" || fail "the raise is not logged"
+	grep -q 'open files: limit 700 (raised from 128)' "$KVP_TMP/f1.log" || fail "the raise is not logged"
 	grep -q 'refused: out of file descriptors' "$KVP_TMP/f1.log" || fail "fd refusals are not logged"
 }
 
