@@ -71,16 +71,16 @@ class Pair:
 
     def __init__(self, tc: unittest.TestCase, p_blocks: int = 64, d_blocks: int = 96, tp: int = 1,
                  decode_node: str = "decode0", p_extra: Optional[Dict[str, Any]] = None,
-                 d_extra: Optional[Dict[str, Any]] = None, **kv: Any) -> None:
+                 d_extra: Optional[Dict[str, Any]] = None, groups: int = 1, **kv: Any) -> None:
         self.pkv = [vh.HostKV(num_blocks=p_blocks, **kv) for _ in range(tp)]
         self.dkv = [vh.HostKV(num_blocks=d_blocks, **kv) for _ in range(tp)]
         tc.addCleanup(self.close)
         self.pe: Optional[vh.Engine] = None
         self.de: Optional[vh.Engine] = None
         self.pe = vh.Engine("kv_both", [sock("prefill0")] * tp, [k.tensors for k in self.pkv], p_blocks,
-                            extra=p_extra)
+                            extra=p_extra, groups=groups)
         self.de = vh.Engine("kv_both", [sock(decode_node)] * tp, [k.tensors for k in self.dkv], d_blocks,
-                            extra=d_extra)
+                            extra=d_extra, groups=groups)
 
     def run(self, done, timeout: float = XFER_TIMEOUT, what: str = "") -> float:
         return vh.run_until([self.pe, self.de], done, timeout, what)
@@ -319,11 +319,39 @@ class FailureTest(unittest.TestCase):
         finally:
             dw.src_regions[3] = real
         self.assertEqual(pair.de.errors, set(dst), "every transfer carries plane 3")
-        self.assertEqual(pair.de.failed, {d}, "get_transfer_results did not name the failed receive")
+        # One KV-cache group: the block ids, not the request (vLLM then keeps what landed).
+        self.assertEqual(pair.de.failed, set(), "get_transfer_results named a one-group receive failed")
         self.assertEqual(pair.de.workers[0].worker.receiver.debug_state(d)["how"], "final")
         self.assertEqual(pair.de.stats.data["fences"], 1)
         failed = pair.pe.stats.data["failed"]
         self.assertEqual(sum(v for k, v in failed.items() if k not in ("submit",)), 3, failed)
+
+    def test_transfer_failure_two_groups(self) -> None:
+        """A model of two KV-cache groups: a receive that lands whole is not named
+        failed; one whose transfers fail is named in failed_recving and reports no
+        block ids (vLLM refuses block-level load errors for several groups: a
+        RuntimeError that would stop the engine)."""
+        pair = Pair(self, groups=2, d_extra={"kvproxy_max_transfer_bytes": 2 * vh.HostKV().block_bytes})
+        src, dst = [[1, 2, 3], [4, 5, 6]], [[11, 12, 13], [14, 15, 16]]
+        pair.fill([b for g in src for b in g], 43)
+        r, d = rid(), rid("dec")
+        _, params = pair.pe.prefill(r, src)
+        pair.de.decode(d, params, dst)
+        pair.run(lambda: d in pair.de.received and r in pair.pe.sent, 15.0, "two groups")
+        self.assertEqual((pair.de.errors, pair.de.failed), (set(), set()), "a whole two-group receive failed")
+        dw = pair.de.workers[0].worker
+        real = dw.src_regions[3]
+        dw.src_regions[3] = (real[0] ^ 0x5A5A5A5A00000000, real[1])
+        r, d = rid(), rid("dec")
+        try:
+            _, params = pair.pe.prefill(r, src)
+            pair.de.decode(d, params, dst)
+            pair.run(lambda: d in pair.de.received and r in pair.pe.sent, 15.0, "failing transfers, two groups")
+        finally:
+            dw.src_regions[3] = real
+        self.assertEqual(pair.de.failed, {d}, "get_transfer_results did not name the failed receive")
+        self.assertEqual(pair.de.errors, set(), "block-level load errors reported for a two-group model")
+        self.assertGreater(pair.de.stats.data["load_error_blocks"], 0)
 
     def test_decode_abort(self) -> None:
         """vLLM aborts a waiting decode request: before the workers saw it, and

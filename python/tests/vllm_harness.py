@@ -219,9 +219,19 @@ def make_vllm_config(role: str, sock: str, tp: int = 1, block_size: int = 16, nu
                            model_config=model)
 
 
-def make_kv_cache_config(num_blocks: int, layers: Sequence[str], spec: Any = None) -> SimpleNamespace:
-    group = SimpleNamespace(layer_names=list(layers), kv_cache_spec=spec or FullAttentionSpec())
-    return SimpleNamespace(num_blocks=num_blocks, kv_cache_groups=[group])
+def make_kv_cache_config(num_blocks: int, layers: Sequence[str], spec: Any = None, groups: int = 1) -> SimpleNamespace:
+    """One full-attention group of every layer, or ``groups`` groups of consecutive layers."""
+    per = -(-len(layers) // groups)
+    return SimpleNamespace(num_blocks=num_blocks, kv_cache_groups=[
+        SimpleNamespace(layer_names=list(layers[g * per:(g + 1) * per]), kv_cache_spec=spec or FullAttentionSpec())
+        for g in range(groups)])
+
+
+def group_lists(blocks: Sequence[Any]) -> List[List[int]]:
+    """A request's block ids per KV-cache group: a flat list is the one group's."""
+    if blocks and isinstance(blocks[0], (list, tuple)):
+        return [list(g) for g in blocks]
+    return [list(blocks)]
 
 
 class Blocks:
@@ -260,12 +270,12 @@ class Engine:
                  num_blocks: int, block_size: int = 16, extra: Optional[Dict[str, Any]] = None,
                  kv_heads: Optional[int] = None, mla: bool = False, tp: Optional[int] = None,
                  ranks: Optional[Sequence[int]] = None, scheduler: bool = True,
-                 on_meta: Optional[Callable[[Any], None]] = None) -> None:
+                 on_meta: Optional[Callable[[Any], None]] = None, groups: int = 1) -> None:
         tp = tp or len(kv_caches)
         ranks = list(ranks if ranks is not None else range(tp))
         self.tp, self.block_size, self.on_meta = tp, block_size, on_meta
         layers = list(kv_caches[0])
-        self.kvcc = make_kv_cache_config(num_blocks, layers)
+        self.kvcc = make_kv_cache_config(num_blocks, layers, groups=groups)
         self.sched: Optional[KvproxyConnector] = None
         self.workers: List[KvproxyConnector] = []
         try:
@@ -336,26 +346,29 @@ class Engine:
     def prefill(self, rid: str, blocks: Sequence[int], ntokens: Optional[int] = None,
                 status: RequestStatus = RequestStatus.FINISHED_LENGTH_CAPPED) -> Tuple[bool, Optional[Dict[str, Any]]]:
         """A request through the prefill instance, as the proxy sends it; returns
-        ``request_finished``'s answer with the params JSON-round-tripped (as the proxy forwards them)."""
-        n = ntokens if ntokens is not None else len(blocks) * self.block_size - 3
+        ``request_finished``'s answer with the params JSON-round-tripped (as the proxy forwards them).
+        ``blocks``: the block ids, or a list of them per KV-cache group."""
+        groups = group_lists(blocks)
+        n = ntokens if ntokens is not None else len(groups[0]) * self.block_size - 3
         req = Request(rid, n, {"do_remote_decode": True, "do_remote_prefill": False})
         assert self.sched.get_num_new_matched_tokens(req, 0) == (0, False)
-        self.sched.update_state_after_alloc(req, Blocks([blocks]), 0)
+        self.sched.update_state_after_alloc(req, Blocks(groups), 0)
         self.step()  # the step that runs the prefill's forward
         req.status = status
         req.num_computed_tokens = n
-        delay, params = self.sched.request_finished_all_groups(req, (list(blocks),))
+        delay, params = self.sched.request_finished_all_groups(req, tuple(groups))
         self.finished_ids.add(rid)
         return delay, (json.loads(json.dumps(params)) if params is not None else None)
 
     def decode(self, rid: str, params: Dict[str, Any], blocks: Sequence[int],
                local_hit_tokens: int = 0) -> Tuple[Request, Optional[int], bool]:
-        """A request arriving at the decode instance with the prefill's params."""
-        req = Request(rid, int(params.get("remote_num_tokens") or len(blocks) * self.block_size), dict(params))
+        """A request arriving at the decode instance with the prefill's params (``blocks`` as for prefill)."""
+        groups = group_lists(blocks)
+        req = Request(rid, int(params.get("remote_num_tokens") or len(groups[0]) * self.block_size), dict(params))
         n, is_async = self.sched.get_num_new_matched_tokens(req, local_hit_tokens)
         if is_async:
             req.status = RequestStatus.WAITING_FOR_REMOTE_KVS
-        self.sched.update_state_after_alloc(req, Blocks([blocks]), n or 0)
+        self.sched.update_state_after_alloc(req, Blocks(groups), n or 0)
         return req, n, is_async
 
     def abort(self, req: Request, blocks: Sequence[int]) -> Tuple[bool, Optional[Dict[str, Any]]]:

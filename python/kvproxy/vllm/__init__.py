@@ -47,8 +47,10 @@ Failures end every request within bounded time, typed: a transfer that
 fails, a peer kvproxyd that is not configured, a layout mismatch, a
 prefill instance that dies, all surface on the decode side as load errors
 for exactly the blocks of the transfers that did not land
-(``get_block_ids_with_load_errors``; vLLM recomputes or fails the request
-per its ``kv_load_failure_policy``). The decode side gives such a request
+(``get_block_ids_with_load_errors``; vLLM keeps what did land, recomputes
+the rest or fails the request per its ``kv_load_failure_policy``), or, for
+a model of several KV-cache groups (where vLLM refuses block-level errors),
+as the request named in ``get_transfer_results``' ``failed_recving``. The decode side gives such a request
 up with kvproxyd's receiver-side fence (the fence's completion, within
 ``timeouts.peer_ms``, says that nothing of it can land any more); without
 one, at its deadline (registration + submit window + transfer deadline +

@@ -64,7 +64,7 @@ import logging
 import secrets
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Set, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 from .._bootstrap import BootstrapClient, BootstrapError
 from .._errors import KvproxyError
@@ -92,6 +92,23 @@ _XFERS_MAX = 1 << 16
 _SOURCES_MAX = 1024
 _INF = float("inf")
 
+
+def load_failure(blocks: Sequence[Sequence[int]], missing: Iterable[int], per_xfer: int) -> Tuple[List[int], bool]:
+    """How to tell vLLM that a receive's transfers ``missing`` did not arrive:
+    the blocks they carry, and whether to name the whole request failed
+    (``failed_recving``) instead of reporting those block ids.
+
+    Block ids are per KV-cache group, so vLLM refuses block-level load errors
+    for a model of several groups (``_handle_invalid_blocks`` raises
+    RuntimeError, which stops the engine): those name the request. With one
+    group the block ids let vLLM keep the prefix that did arrive and
+    recompute from the first missing block (older vLLM knows nothing else);
+    naming the request as well would recompute all of it.
+    """
+    bad: List[int] = []
+    for n in sorted(missing):
+        bad.extend(positions_to_blocks(blocks, n * per_xfer, (n + 1) * per_xfer))
+    return bad, len(blocks) > 1
 
 class _Src:
     """One prefill rank this request takes KV from."""
@@ -573,12 +590,12 @@ class Receiver:
             for n in range(r.total):
                 if everything or any((s.base | n) not in r.landed for s in r.srcs):
                     missing.add(n)
-            bad: List[int] = []
-            for n in sorted(missing):
-                bad.extend(positions_to_blocks(r.blocks, n * r.per_xfer, (n + 1) * r.per_xfer))
+            bad, whole = load_failure(r.blocks, missing, r.per_xfer)
             if bad:
-                w.load_errors.update(bad)
-                w.failed_recving.add(r.rid)
+                if whole:
+                    w.failed_recving.add(r.rid)
+                else:
+                    w.load_errors.update(bad)
                 w.stats.count("load_error_blocks", len(bad))
                 log.warning("kvproxy: request %s: %d of %d blocks did not arrive (%s)", r.rid, len(bad),
                             sum(len(b) for b in r.blocks), how)

@@ -124,7 +124,7 @@ class WorkerSide:
         self.stats = KvproxyConnectorStats()
         self.done_sending: Set[str] = set()
         self.done_recving: Set[str] = set()
-        self.failed_recving: Set[str] = set()  # of done_recving: some blocks did not arrive
+        self.failed_recving: Set[str] = set()  # of done_recving: blocks missing, several groups
         self.load_errors: Set[int] = set()
         self._seen_finished: Set[str] = set()
         self._peers: Dict[str, int] = {}
@@ -336,8 +336,9 @@ class WorkerSide:
         return sending or None, recving or None
 
     def get_transfer_results(self, finished_req_ids: Set[str]) -> Tuple[Set[str], Set[str], Set[str]]:
-        """Requests sent, received, and of those received the ones with blocks
-        missing (reported by get_block_ids_with_load_errors), since the last call.
+        """Requests sent, received, and of those received the ones that failed
+        (a model of several KV-cache groups; with one, the missing blocks go to
+        get_block_ids_with_load_errors instead), since the last call.
 
         A send is reported only once vLLM named the request finished (the
         contract of ``get_finished``); the halves' threads enforce leases
