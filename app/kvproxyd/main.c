@@ -23,6 +23,7 @@
 #include "kvp_ctrl.h"
 #include "kvp_cuda.h"
 #include "kvp_gdr.h"
+#include "kvp_guard.h"
 #include "kvp_tcp_stage.h"
 #include "kvproxyd.h"
 
@@ -448,6 +449,9 @@ main(int argc, char **argv)
 	signal(SIGUSR1, on_usr1);
 	signal(SIGHUP, on_hup);
 	signal(SIGPIPE, SIG_IGN);
+	/* A client's region losing its pages fails that transfer, not the daemon. */
+	if (kvp_guard_init() < 0)
+		KVP_LOG(WARNING, app, "no SIGBUS handler: %s", strerror(errno));
 
 	describe_rails(&env);
 	describe_gpus(&env, ngpu);

@@ -24,6 +24,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "kvp_guard.h"
 #include "kvp_region.h"
 #include "kvp_log.h"
 
@@ -432,15 +433,13 @@ kvp_region_count(const struct kvp_region_table *t, uint32_t owner)
 static int
 host_to_host(void *dst, const struct kvp_region *r, uint64_t off, size_t len)
 {
-	memcpy(dst, r->base + off, len);
-	return 0;
+	return kvp_guard_copy(dst, r->base + off, len);
 }
 
 static int
 host_from_host(const struct kvp_region *r, uint64_t off, const void *src, size_t len)
 {
-	memcpy(r->base + off, src, len);
-	return 0;
+	return kvp_guard_copy(r->base + off, src, len);
 }
 
 int

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "kvp_cuda.h"
+#include "kvp_guard.h"
 
 #ifndef KVP_HAVE_CUDA_H
 
@@ -201,8 +202,7 @@ static int
 gpu_to_host(void *dst, const struct kvp_region *r, uint64_t off, size_t len)
 {
 	if (!(r->flags & KVP_REGION_F_GPU)) {
-		memcpy(dst, r->base + off, len);
-		return 0;
+		return kvp_guard_copy(dst, r->base + off, len);
 	}
 	if (use_device(r->device) < 0)
 		return -ENODEV;
@@ -218,8 +218,7 @@ gpu_to_host_async(void *dst, const struct kvp_region *r, uint64_t off, size_t le
 	int dev = r->device;
 
 	if (!(r->flags & KVP_REGION_F_GPU)) {
-		memcpy(dst, r->base + off, len);
-		return 0;
+		return kvp_guard_copy(dst, r->base + off, len);
 	}
 	if (use_device(dev) < 0)
 		return -ENODEV;
@@ -325,8 +324,7 @@ static int
 gpu_from_host(const struct kvp_region *r, uint64_t off, const void *src, size_t len)
 {
 	if (!(r->flags & KVP_REGION_F_GPU)) {
-		memcpy(r->base + off, src, len);
-		return 0;
+		return kvp_guard_copy(r->base + off, src, len);
 	}
 	if (use_device(r->device) < 0)
 		return -ENODEV;

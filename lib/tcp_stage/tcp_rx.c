@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <string.h>
 
+#include "kvp_guard.h"
 #include "tcp_priv.h"
 
 int
@@ -116,6 +117,27 @@ body_fenced(struct tcp_ctx *t, struct tcp_conn *c)
 	uint64_t left = c->rx_left;
 
 	kvp_worker_fenced(t->w, c->rx_ent->owner, c->rx_ent->user_id, left, 0);
+	body_done(t, c);
+	c->rx_left = left;
+	c->rx_state = left ? RX_DISCARD : RX_HDR;
+}
+
+/*
+ * The region's memory is gone under the payload (a hole punched in its
+ * file, kvp_guard_copy(), or -EFAULT from a recv into it): the transfer is
+ * refused and the rest of the payload is read and dropped; the link and
+ * every other transfer on it go on.
+ */
+static void
+body_faulted(struct tcp_ctx *t, struct tcp_conn *c)
+{
+	uint64_t left = c->rx_left;
+
+	KVP_LOG_RL(ERR, tcp,
+		   "peer %u: region %016" PRIx64 ": its memory went away under a "
+		   "receive (a hole punched in its file?): transfer refused",
+		   c->peer, c->rx_hdr.key);
+	c->rx_ent->status = KVP_EREMOTE;
 	body_done(t, c);
 	c->rx_left = left;
 	c->rx_state = left ? RX_DISCARD : RX_HDR;
@@ -232,6 +254,10 @@ tcp_recv_done(struct tcp_ctx *t, struct tcp_conn *c, int res, bool next)
 	/* Linked recv cancelled: the payload recv before it fell short; the loop asks again. */
 	if (c->state != CONN_UP || (next && res == -ECANCELED))
 		return;
+	if (res == -EFAULT && !next && c->recv_direct && c->rx_stage < 0 && c->rx_region) {
+		body_faulted(t, c); /* nothing was read: the payload is still in the socket */
+		return;
+	}
 	if (res <= 0) {
 		tcp_conn_fail(t, c, res == 0 ? "closed by peer" : strerror(-res));
 		return;
@@ -516,7 +542,13 @@ tcp_process_rx(struct tcp_ctx *t, struct tcp_conn *c)
 		}
 		case RX_BODY:
 			n = avail < c->rx_win ? avail : (uint32_t)c->rx_win;
-			memcpy(c->rx_dst, c->rxbuf + c->rx_start, n);
+			if (c->rx_stage >= 0) {
+				memcpy(c->rx_dst, c->rxbuf + c->rx_start, n);
+			} else if (kvp_guard_copy(c->rx_dst, c->rxbuf + c->rx_start, n) < 0) {
+				body_faulted(t, c); /* these n bytes are dropped with the rest */
+				work++;
+				break;
+			}
 			c->rx_start += n;
 			landed(t, c, n);
 			if (c->rx_state == RX_BODY && c->rx_start == c->rx_end) {

@@ -1,0 +1,74 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * A client can take pages away under the daemon's mapping of its region:
+ * no seal short of F_SEAL_WRITE stops a hole being punched in a memfd, and
+ * in a hugetlbfs one whose pool is then empty the daemon's next access has
+ * no page to fault in. That is SIGBUS, which would take the daemon and
+ * every other client down with it. The kernel's own copies (send, recv)
+ * just return -EFAULT; the daemon's (small payloads out of a connection's
+ * buffer, staging) run as guarded copies: a per-thread jump buffer is armed
+ * around the memcpy, the handler jumps back to it, and the caller fails
+ * that one transfer. Any other SIGBUS goes to the handler installed before
+ * us, or takes the default action.
+ */
+#include <errno.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <string.h>
+
+#include "kvp_guard.h"
+
+static __thread sigjmp_buf *armed;
+static struct sigaction prev;
+
+static void
+on_sigbus(int sig, siginfo_t *si, void *uc)
+{
+	sigjmp_buf *jb = armed;
+
+	if (jb) {
+		armed = NULL;
+		siglongjmp(*jb, 1); /* SA_NODEFER: SIGBUS is not left blocked */
+	}
+	if ((prev.sa_flags & SA_SIGINFO) && prev.sa_sigaction) {
+		prev.sa_sigaction(sig, si, uc);
+		return;
+	}
+	if (!(prev.sa_flags & SA_SIGINFO) && prev.sa_handler != SIG_DFL &&
+	    prev.sa_handler != SIG_IGN) {
+		prev.sa_handler(sig);
+		return;
+	}
+	/* The faulting access runs again and takes the default action (a core). */
+	signal(sig, SIG_DFL);
+}
+
+int
+kvp_guard_init(void)
+{
+	struct sigaction sa;
+
+	memset(&sa, 0, sizeof(sa));
+	sa.sa_sigaction = on_sigbus;
+	sa.sa_flags = SA_SIGINFO | SA_NODEFER;
+	sigemptyset(&sa.sa_mask);
+	return sigaction(SIGBUS, &sa, &prev) < 0 ? -errno : 0;
+}
+
+int
+kvp_guard_copy(void *dst, const void *src, size_t n)
+{
+	sigjmp_buf jb;
+
+	if (sigsetjmp(jb, 0)) {
+		atomic_signal_fence(memory_order_seq_cst);
+		return -EFAULT;
+	}
+	armed = &jb;
+	atomic_signal_fence(memory_order_seq_cst); /* armed before the first access */
+	memcpy(dst, src, n);
+	atomic_signal_fence(memory_order_seq_cst);
+	armed = NULL;
+	return 0;
+}
