@@ -27,30 +27,41 @@ peer_moved(const struct kvp_peer *p, const struct kvp_peer_conf *pc)
 	return !p->host[0] || p->port != pc->port || strcasecmp(p->host, pc->host) != 0;
 }
 
+/*
+ * A reload's address moves: each file peer's table slot (-1: not in the
+ * table) and whether it moves; each active table slot's file peer (-1: not
+ * in the file), found once so that checking a move costs no lookups.
+ */
+struct moves {
+	int slot_of[KVP_PEERS_MAX];
+	int file_of[KVP_PEERS_MAX];
+	bool move[KVP_PEERS_MAX];
+};
+
 /* The table's peer @p j is to be dialled at HOST:PORT once the reload is done. */
 static bool
-final_at(const struct kvp_node *n, const struct kvp_config *nc, const bool *move, uint32_t j,
+final_at(const struct kvp_node *n, const struct kvp_config *nc, const struct moves *mv, uint32_t j,
 	 const char *host, uint16_t port)
 {
 	const struct kvp_peer *p = &n->peers[j];
-	int k = kvp_config_peer_index(nc, p->node_id);
+	int k = mv->file_of[j];
 
 	if (p->slot_state != KVP_PS_ACTIVE)
 		return false;
-	if (k >= 0 && move[k])
+	if (k >= 0 && mv->move[k])
 		return nc->peers[k].port == port && strcasecmp(nc->peers[k].host, host) == 0;
 	return p->host[0] && p->port == port && strcasecmp(p->host, host) == 0;
 }
 
 /* The table's peer that will be at file peer @p k's new address, other than itself; -1 none. */
 static int
-final_holder(const struct kvp_node *n, const struct kvp_config *nc, const int *slot_of,
-	     const bool *move, uint32_t k)
+final_holder(const struct kvp_node *n, const struct kvp_config *nc, const struct moves *mv,
+	     uint32_t k)
 {
 	const struct kvp_peer_conf *pc = &nc->peers[k];
 
 	for (uint32_t j = 0; j < n->cfg.max_peers; j++)
-		if ((int)j != slot_of[k] && final_at(n, nc, move, j, pc->host, pc->port))
+		if ((int)j != mv->slot_of[k] && final_at(n, nc, mv, j, pc->host, pc->port))
 			return (int)j;
 	return -1;
 }
@@ -67,27 +78,30 @@ own_addr(const struct kvp_node *n, const struct kvp_peer_conf *pc)
  * reload is done. A peer that the file moves away is not in the way, so
  * swaps and chains apply whatever their order in the file; a refused move
  * keeps its peer where it is, which can refuse a move onto that address
- * in turn: repeat until nothing changes. @p slot_of gets each file peer's
- * table slot (-1: not in the table), @p move whether it moves.
+ * in turn: repeat until nothing changes.
  */
 static void
-reload_moves(const struct kvp_node *n, const struct kvp_config *nc, int *slot_of, bool *move)
+reload_moves(const struct kvp_node *n, const struct kvp_config *nc, struct moves *mv)
 {
 	bool again = true;
 
+	for (uint32_t j = 0; j < n->cfg.max_peers; j++)
+		mv->file_of[j] = n->peers[j].slot_state == KVP_PS_ACTIVE ?
+					 kvp_config_peer_index(nc, n->peers[j].node_id) :
+					 -1;
 	for (uint32_t k = 0; k < nc->npeers; k++) {
 		int slot = peer_find(n, nc->peers[k].node_id, true);
 
-		slot_of[k] = slot;
-		move[k] = slot >= 0 && n->peers[slot].slot_state == KVP_PS_ACTIVE &&
-			  peer_moved(&n->peers[slot], &nc->peers[k]);
+		mv->slot_of[k] = slot;
+		mv->move[k] = slot >= 0 && n->peers[slot].slot_state == KVP_PS_ACTIVE &&
+			      peer_moved(&n->peers[slot], &nc->peers[k]);
 	}
 	while (again) {
 		again = false;
 		for (uint32_t k = 0; k < nc->npeers; k++) {
-			if (move[k] && (own_addr(n, &nc->peers[k]) ||
-					final_holder(n, nc, slot_of, move, k) >= 0)) {
-				move[k] = false;
+			if (mv->move[k] &&
+			    (own_addr(n, &nc->peers[k]) || final_holder(n, nc, mv, k) >= 0)) {
+				mv->move[k] = false;
 				again = true;
 			}
 		}
@@ -96,11 +110,11 @@ reload_moves(const struct kvp_node *n, const struct kvp_config *nc, int *slot_of
 
 /* Why file peer @p k's move was refused (after reload_moves()). */
 static void
-move_why(const struct kvp_node *n, const struct kvp_config *nc, const int *slot_of,
-	 const bool *move, uint32_t k, char *why, size_t whylen)
+move_why(const struct kvp_node *n, const struct kvp_config *nc, const struct moves *mv, uint32_t k,
+	 char *why, size_t whylen)
 {
 	const struct kvp_peer_conf *pc = &nc->peers[k];
-	int j = own_addr(n, pc) ? -1 : final_holder(n, nc, slot_of, move, k);
+	int j = own_addr(n, pc) ? -1 : final_holder(n, nc, mv, k);
 
 	peer_addr_refused(n, j, pc->host, pc->port, why, whylen);
 }
@@ -122,14 +136,13 @@ reload_peers(struct kvp_node *n, const struct kvp_config *nc, json_t *o)
 			peer_remove(n, i, "removed from the configuration file");
 		}
 	}
-	int slot_of[KVP_PEERS_MAX];
-	bool move[KVP_PEERS_MAX];
+	struct moves mv;
 
-	reload_moves(n, nc, slot_of, move);
+	reload_moves(n, nc, &mv);
 	/* Moves first: a peer added at an address that another one leaves finds it free. */
 	for (uint32_t k = 0; k < nc->npeers; k++) {
 		const struct kvp_peer_conf *pc = &nc->peers[k];
-		int slot = slot_of[k];
+		int slot = mv.slot_of[k];
 
 		if (slot < 0)
 			continue;
@@ -146,8 +159,8 @@ reload_peers(struct kvp_node *n, const struct kvp_config *nc, json_t *o)
 
 		if (!moved && p->origin == KVP_PEER_CONFIG)
 			continue;
-		if (moved && !move[k]) {
-			move_why(n, nc, slot_of, move, k, why, sizeof(why));
+		if (moved && !mv.move[k]) {
+			move_why(n, nc, &mv, k, why, sizeof(why));
 			json_array_append_new(failed, json_pack("{s:s, s:s}", "peer", pc->node_id,
 								"why", why));
 			continue;
@@ -176,7 +189,7 @@ reload_peers(struct kvp_node *n, const struct kvp_config *nc, json_t *o)
 	for (uint32_t k = 0; k < nc->npeers; k++) {
 		const struct kvp_peer_conf *pc = &nc->peers[k];
 
-		if (slot_of[k] >= 0)
+		if (mv.slot_of[k] >= 0)
 			continue;
 		int slot = peer_add(n, KVP_PEER_CONFIG, pc->node_id, pc->host, pc->port, why,
 				    sizeof(why));

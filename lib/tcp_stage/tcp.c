@@ -343,7 +343,7 @@ tcp_attach(void *tctx, uint16_t peer, uint8_t link, int fd, bool outgoing, uint6
 	c->rx_state = RX_HDR;
 	c->rx_region = NULL;
 	c->rx_stage = -1;
-	c->last_rx_ns = c->last_tx_ns = c->send_ok_ns = kvp_mono_ns();
+	c->last_rx_ns = c->last_tx_ns = c->send_ok_ns = c->send_moved_ns = kvp_mono_ns();
 	c->held_ping_ns = 0;
 	c->rx_held = false;
 	c->retrans_seen = 0;
@@ -483,8 +483,12 @@ handle_cqe(struct tcp_ctx *t, const struct io_uring_cqe *cqe)
  * not moved, for the whole timeout. A slow but live peer keeps reading and
  * pinging, so only a dead or wedged one is cut off; one that holds our
  * bytes back on purpose (no receive staging buffer yet) says so with
- * KVP_PING_RXWAIT, and we say so to our senders while we do.
+ * KVP_PING_RXWAIT (believed for RXWAIT_MAX timeouts at most), and we say
+ * so to our senders while we do (those PINGs stand for the idle ones).
  */
+/* A peer may vouch for a stalled send (KVP_PING_RXWAIT) this many peer timeouts, not more. */
+#define RXWAIT_MAX 8
+
 static void
 liveness(struct tcp_ctx *t, uint64_t now)
 {
@@ -509,11 +513,16 @@ liveness(struct tcp_ctx *t, uint64_t now)
 			snprintf(why, sizeof(why), "peer silent for %" PRIu64 " ms",
 				 (now - c->last_rx_ns) / 1000000);
 			tcp_conn_fail(t, c, why);
-		} else if ((c->send_busy || zc_waiting(c)) && now - c->send_ok_ns > t->peer_ns) {
-			snprintf(why, sizeof(why), "send stalled for %" PRIu64 " ms",
-				 (now - c->send_ok_ns) / 1000000);
+		} else if ((c->send_busy || zc_waiting(c)) &&
+			   (now - c->send_ok_ns > t->peer_ns ||
+			    now - c->send_moved_ns > RXWAIT_MAX * t->peer_ns)) {
+			snprintf(why, sizeof(why), "send stalled for %" PRIu64 " ms%s",
+				 (now - c->send_moved_ns) / 1000000,
+				 c->send_ok_ns != c->send_moved_ns ?
+					 " (the peer waits for buffers)" :
+					 "");
 			tcp_conn_fail(t, c, why);
-		} else if (!c->send_busy && c->tx_head == c->tx_tail &&
+		} else if (!c->send_busy && c->tx_head == c->tx_tail && !c->rx_held &&
 			   now - c->last_tx_ns > t->peer_ns / 4) {
 			/* Not behind queued frames (a full zero-copy window): they say as much. */
 			tcp_queue_ctrl(c, KVP_W_PING, 0, 0);

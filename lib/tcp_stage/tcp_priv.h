@@ -147,7 +147,8 @@ struct tcp_conn {
 	uint32_t ops; /* io_uring operations in flight */
 	uint64_t last_rx_ns;   /* any byte received */
 	uint64_t last_tx_ns;   /* a frame last handed to the kernel */
-	uint64_t send_ok_ns;   /* the in-flight send last made progress */
+	uint64_t send_ok_ns;   /* the in-flight send last made progress, or the peer vouched */
+	uint64_t send_moved_ns; /* ... really made progress (bounds how long a peer may vouch) */
 	uint64_t held_ping_ns; /* a PING with KVP_PING_RXWAIT last queued */
 	bool rx_held;	       /* a DATA header waits for a receive staging buffer */
 	uint32_t retrans_seen; /* tcpi_total_retrans already counted */

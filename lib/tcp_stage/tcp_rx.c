@@ -458,9 +458,14 @@ on_header(struct tcp_ctx *t, struct tcp_conn *c, const struct kvp_wire_hdr *h)
 	    txq_room(c) == 0)
 		return false;
 	if (is_data(h->type)) {
+		bool held = c->rx_held;
+
 		c->rx_left = h->len;
 		if (!on_data(t, c, h))
 			return false;
+		if (held)
+			c->last_rx_ns =
+				kvp_mono_ns(); /* the hold is over: the rest is due from now */
 		KVP_STAT_ADD(ps->rx_frames, 1);
 		return true;
 	}
@@ -480,10 +485,10 @@ on_header(struct tcp_ctx *t, struct tcp_conn *c, const struct kvp_wire_hdr *h)
 			tcp_queue_ctrl(c, KVP_W_ACK, h->tag, KVP_ECANCELED);
 		return c->slot != 0 || ctl_frame(t, c, h, NULL); /* e.g. an RDMA grant to free */
 	case KVP_W_PING:
-		if (h->aux & KVP_PING_RXWAIT)
-			c->send_ok_ns = kvp_mono_ns(); /* our bytes wait for its staging buffer */
-		else
+		if (!(h->aux & KVP_PING_RXWAIT))
 			tcp_queue_ctrl(c, KVP_W_PONG, h->tag, 0);
+		else if (c->outgoing)
+			c->send_ok_ns = kvp_mono_ns(); /* our bytes wait for its staging buffer */
 		break;
 	default:
 		break;

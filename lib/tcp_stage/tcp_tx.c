@@ -441,7 +441,7 @@ tcp_start_send(struct tcp_ctx *t, struct tcp_conn *c)
 	}
 	c->tx_head = i;
 	c->send_busy = true;
-	c->send_ok_ns = c->last_tx_ns = kvp_mono_ns();
+	c->send_ok_ns = c->send_moved_ns = c->last_tx_ns = kvp_mono_ns();
 	c->ops++;
 	return 1;
 }
@@ -496,7 +496,7 @@ tcp_send_done(struct tcp_ctx *t, struct tcp_conn *c, int res, bool zc_held)
 	}
 	uint64_t left = (uint64_t)res, now = kvp_mono_ns();
 
-	c->send_ok_ns = now;
+	c->send_ok_ns = c->send_moved_ns = now;
 	while (c->tx_done != c->tx_head) {
 		struct tx_frame *f = frame_at(c, c->tx_done);
 		uint64_t need = frame_bytes(f) - c->tx_partial;
@@ -538,7 +538,7 @@ tcp_zc_notif(struct tcp_ctx *t, struct tcp_conn *c, uint32_t seq, bool copied)
 {
 	uint64_t now = kvp_mono_ns();
 
-	c->send_ok_ns = now;
+	c->send_ok_ns = c->send_moved_ns = now;
 	/* seq is the low 24 bits of the sequence (tcp_start_send()). */
 	if (((seq - c->zc_head) & 0xffffffu) < zc_waiting(c)) {
 		c->zc[seq & (ZC_SENDS - 1)].done = true;

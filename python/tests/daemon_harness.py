@@ -149,8 +149,9 @@ def free_ports(n: int) -> List[int]:
 class Daemon:
     """One kvproxyd this test started, with its config, sockets and log."""
 
-    def __init__(self, tmp: Path, node_id: str, port: int, peer_id: str, peer_port: int, extra: str = "",
+    def __init__(self, tmp: Path, node_id: str, port: int, peer_id: Optional[str], peer_port: int, extra: str = "",
                  timeouts: str = "") -> None:
+        """A node whose one configured peer is @p peer_id on 127.0.0.1:@p peer_port (None: no peers)."""
         self.node_id = node_id
         self.port = port
         self.sock = str(tmp / f"{node_id}.sock")
@@ -172,9 +173,7 @@ timeouts = {{
 	{timeouts}
 }};
 {extra}
-peers = (
-	{{ node_id = "{peer_id}"; addr = "127.0.0.1:{peer_port}"; }}
-);
+peers = ( {f'{{ node_id = "{peer_id}"; addr = "127.0.0.1:{peer_port}"; }}' if peer_id else ""} );
 """
         )
         self.proc: Optional[subprocess.Popen] = None

@@ -24,6 +24,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <rte_ring.h>
+
 #include "ctrl_priv.h"
 #include "kvp_test.h"
 #include "kvp_test_core.h"
@@ -317,6 +319,14 @@ main(void)
 	fence(&a, 600, 0x700, ~0xffull, 1);
 	kvp_worker_poll_chans(W(0)); /* SET to worker 1 */
 	kvp_worker_inbox(W(1));	     /* its mirror clears at once: LOST, then CLEAR */
+	struct kvp_xmsg q[4];
+	unsigned nq = rte_ring_dequeue_burst_elem(W(0)->xin[1], q, sizeof(q[0]), 4, NULL);
+
+	CHECK_EQ(nq, 2);
+	CHECK_EQ(q[0].type, KVP_XM_LOST);
+	CHECK_EQ(q[0].bytes, 2);
+	CHECK_EQ(q[1].type, KVP_XM_FENCE_CLEAR);
+	CHECK_EQ(rte_ring_enqueue_burst_elem(W(0)->xin[1], q, sizeof(q[0]), nq, NULL), nq);
 	kvp_worker_inbox(W(0));
 	e = next_cqe(&a);
 	CHECK_EQ(e.kind, KVP_CQE_FENCE);
