@@ -227,6 +227,13 @@ const char *peer_hello_err_str(uint32_t e);
  */
 int peer_resolve(const char *host, uint16_t port, bool passive, bool numeric,
 		 struct sockaddr_storage *ss, socklen_t *len);
+/** A peer's name resolved (peer_dns.c): dial the answer, or fail the dial (@p rc < 0). */
+void peer_resolved(struct kvp_node *n, uint16_t i, int rc, const struct sockaddr_storage *ss,
+		   socklen_t len);
+/** Resolve the next peer waiting in KVP_LINK_RESOLVING, unless a name is being resolved. */
+void peer_dns_next(struct kvp_node *n);
+/** At stop: no more names; a thread inside the resolver is left to finish alone. */
+void peer_dns_stop(struct kvp_node *n);
 void peer_fill_hello(struct kvp_node *n, uint8_t *buf, const char *to, uint8_t link,
 		     uint64_t epoch, uint32_t status, const uint8_t *nonce, const uint8_t *mac);
 void peer_hello_mac(const struct kvp_node *n, char role, const uint8_t *challenge,

@@ -99,7 +99,7 @@ enum kvp_peer_link {
 	KVP_LINK_DOWN = 0,
 	KVP_LINK_CONNECTING, /**< TCP connect in progress */
 	KVP_LINK_HELLO,	     /**< connected, handshake in progress */
-	KVP_LINK_RESOLVING,  /**< its host name is being (or waits to be) resolved on a helper */
+	KVP_LINK_RESOLVING,  /**< its host name is being (or waits to be) resolved (peer_dns.c) */
 	KVP_LINK_UP,	     /**< handed to a worker */
 };
 
@@ -163,17 +163,19 @@ struct kvp_peer {
 	bool dns_ok;
 };
 
-/** The one host name resolution on a helper (a slow resolver holds one helper, not both). */
-struct kvp_dns_job {
-	struct kvp_job job;
-	bool busy;
-	uint16_t peer;
+struct kvp_dns_box;
+
+/** Peers' host names, resolved one at a time on a thread of their own (peer_dns.c). */
+struct kvp_dns {
+	struct kvp_dns_box *box; /**< shared with the thread; NULL until the first name */
+	pthread_t thread;
+	struct kvp_watch watch; /**< the box's eventfd: an answer is in */
+	bool busy;		/**< a name is being resolved */
+	bool stopped;		/**< the node stops: no more names */
+	uint16_t peer;		/**< whose, at its slot's generation gen */
 	uint8_t gen;
 	uint16_t port;
 	char host[64];
-	int rc;
-	struct sockaddr_storage ss;
-	socklen_t len;
 };
 
 /** An accepted peer connection whose HELLO has not arrived yet. */
@@ -344,7 +346,7 @@ struct kvp_node {
 	struct kvp_admin_conn admin[KVP_ADMIN_CONNS];
 	struct kvp_admin_stats admin_stats;
 	struct kvp_jobs jobs;
-	struct kvp_dns_job dns;
+	struct kvp_dns dns;
 	struct kvp_reg_job *reg_jobs;  /**< one per client slot (a client registers one at a time) */
 	struct kvp_rel_job *rel_jobs;  /**< one per region slot (its unmapping) */
 	uint64_t loop_max_ns;	       /**< longest pass of the event loop (callbacks and timers) */

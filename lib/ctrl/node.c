@@ -280,7 +280,7 @@ kvp_node_init(struct kvp_node *n, const struct kvp_config *cfg,
 	n->start_ns = kvp_mono_ns();
 	n->client_lfd = n->admin_lfd = n->peer_lfd = n->lock_fd = n->stats_dfd = -1;
 	n->loop.epfd = n->loop.evfd = n->loop.spare_fd = -1;
-	n->jobs.evfd = n->jobs.watch.fd = -1;
+	n->jobs.evfd = n->jobs.watch.fd = n->dns.watch.fd = -1;
 	n->client_lw.fd = n->admin_lw.fd = n->peer_lw.fd = -1;
 	for (unsigned i = 0; i < KVP_ADMIN_CONNS; i++)
 		n->admin[i].fd = -1;
@@ -454,7 +454,8 @@ kvp_node_stop_workers(struct kvp_node *n)
 void
 kvp_node_fini(struct kvp_node *n)
 {
-	/* Registrations under way end first (replies to clients still connected). */
+	/* A name being resolved is not waited for; registrations under way end first. */
+	peer_dns_stop(n);
 	jobs_fini(n);
 	kvp_admin_close_all(n);
 	kvp_peer_close_all(n);

@@ -66,63 +66,20 @@ missing_link(const struct kvp_peer *p)
 
 static void out_start(struct kvp_node *n, uint16_t i, uint64_t now);
 
-static void
-dns_run(struct kvp_job *j)
+void
+peer_resolved(struct kvp_node *n, uint16_t i, int rc, const struct sockaddr_storage *ss,
+	      socklen_t len)
 {
-	struct kvp_dns_job *d = (struct kvp_dns_job *)j;
+	struct kvp_peer *p = &n->peers[i];
 
-	d->rc = peer_resolve(d->host, d->port, false, false, &d->ss, &d->len);
-}
-
-static void dns_next(struct kvp_node *n);
-
-static void
-dns_done(struct kvp_node *n, struct kvp_job *j)
-{
-	struct kvp_dns_job *d = (struct kvp_dns_job *)j;
-	struct kvp_peer *p = &n->peers[d->peer];
-
-	d->busy = false;
-	if (n->jobs.quit)
-		return; /* shutting down: no more dials */
-	/* The slot may have been removed, or taken by another peer, meanwhile. */
-	if (p->slot_state == KVP_PS_ACTIVE && p->gen == d->gen &&
-	    p->out_state == KVP_LINK_RESOLVING && p->port == d->port &&
-	    strcmp(p->host, d->host) == 0) {
-		if (d->rc < 0) {
-			out_fail(n, d->peer, "cannot resolve its host name", KVP_PEER_WHY_CONNECT);
-		} else {
-			p->dns_addr = d->ss;
-			p->dns_len = d->len;
-			p->dns_ok = true;
-			out_start(n, d->peer, kvp_mono_ns());
-		}
-	}
-	dns_next(n);
-}
-
-/* Resolve the next peer waiting for its name, unless a resolution runs. */
-static void
-dns_next(struct kvp_node *n)
-{
-	struct kvp_dns_job *d = &n->dns;
-
-	if (d->busy)
-		return;
-	for (uint16_t i = 0; i < n->cfg.max_peers; i++) {
-		const struct kvp_peer *p = &n->peers[i];
-
-		if (p->slot_state != KVP_PS_ACTIVE || p->out_state != KVP_LINK_RESOLVING)
-			continue;
-		d->busy = true;
-		d->peer = i;
-		d->gen = p->gen;
-		d->port = p->port;
-		snprintf(d->host, sizeof(d->host), "%s", p->host);
-		d->job = (struct kvp_job){ .run = dns_run, .done = dns_done };
-		job_post(n, &d->job); /* without helpers, dns_done() has run on return */
+	if (rc < 0) {
+		out_fail(n, i, "cannot resolve its host name", KVP_PEER_WHY_CONNECT);
 		return;
 	}
+	p->dns_addr = *ss;
+	p->dns_len = len;
+	p->dns_ok = true;
+	out_start(n, i, kvp_mono_ns());
 }
 
 static void
@@ -150,9 +107,10 @@ out_start(struct kvp_node *n, uint16_t i, uint64_t now)
 		int rc = peer_resolve(p->host, p->port, false, true, &ss, &len);
 
 		if (rc == -EAGAIN) {
-			/* A name: the resolver may block for seconds, so a helper asks it. */
+			/* A name: the resolver may block for seconds, so a thread asks it. */
 			p->out_state = KVP_LINK_RESOLVING;
-			dns_next(n);
+			p->deadline_ns = now + (uint64_t)n->cfg.connect_timeout_ms * 1000000;
+			peer_dns_next(n);
 			return;
 		}
 		if (rc < 0) {
@@ -420,6 +378,20 @@ kvp_peer_conn_down(struct kvp_node *n, uint16_t i, uint8_t link, bool outgoing, 
 	}
 }
 
+/* What a dial that outlived timeouts.connect_ms was doing. */
+static const char *
+deadline_why(int state)
+{
+	switch (state) {
+	case KVP_LINK_RESOLVING:
+		return "its host name did not resolve in time";
+	case KVP_LINK_CONNECTING:
+		return "connect timeout";
+	default:
+		return "handshake timeout";
+	}
+}
+
 void
 kvp_peer_timers(struct kvp_node *n, uint64_t now)
 {
@@ -433,13 +405,12 @@ kvp_peer_timers(struct kvp_node *n, uint64_t now)
 		     (p->out_state == KVP_LINK_UP && missing_link(p) >= 0)) &&
 		    now >= p->next_try_ns)
 			out_start(n, i, now);
-		else if ((p->out_state == KVP_LINK_CONNECTING || p->out_state == KVP_LINK_HELLO) &&
+		else if ((p->out_state == KVP_LINK_CONNECTING || p->out_state == KVP_LINK_HELLO ||
+			  p->out_state == KVP_LINK_RESOLVING) &&
 			 now >= p->deadline_ns)
-			out_fail(n, i,
-				 p->out_state == KVP_LINK_CONNECTING ? "connect timeout" :
-								       "handshake timeout",
-				 p->out_state == KVP_LINK_CONNECTING ? KVP_PEER_WHY_CONNECT :
-								       KVP_PEER_WHY_HANDSHAKE);
+			out_fail(n, i, deadline_why(p->out_state),
+				 p->out_state == KVP_LINK_HELLO ? KVP_PEER_WHY_HANDSHAKE :
+								  KVP_PEER_WHY_CONNECT);
 	}
 	peer_pending_timers(n, now);
 }

@@ -1,0 +1,236 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * Peers' host names, resolved off the main lcore (peer.c dials the
+ * answer). A thread of its own, started with the first name, asks the
+ * resolver one name at a time, so a resolver that never answers holds that
+ * thread and nothing else. All it shares with the main lcore is a block of
+ * its own (struct kvp_dns_box): at stop a thread still inside
+ * getaddrinfo() is left to finish alone and frees the block itself, so a
+ * stop never waits for the resolver's timeout (glibc's: up to 5 s x 2
+ * attempts x 3 servers). Answers come back through the block's eventfd.
+ * With env.ctrl_inline (tests that drive the loop themselves) a name is
+ * resolved inline.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include "ctrl_priv.h"
+
+struct kvp_dns_box {
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	int evfd;	    /* rung when an answer is in */
+	bool quit;	    /* the node stops */
+	bool asking;	    /* the thread is inside the resolver */
+	bool thread_frees;  /* it was, at stop: the block is the thread's to free */
+	bool asked;	    /* a question waits for the thread */
+	bool answered;	    /* an answer waits for the main lcore */
+	char host[sizeof(((struct kvp_peer *)0)->host)];
+	uint16_t port;
+	int rc;
+	struct sockaddr_storage ss;
+	socklen_t len;
+};
+
+static void
+box_free(struct kvp_dns_box *b)
+{
+	pthread_cond_destroy(&b->cond);
+	pthread_mutex_destroy(&b->lock);
+	close(b->evfd);
+	free(b);
+}
+
+static void *
+dns_thread(void *arg)
+{
+	struct kvp_dns_box *b = arg;
+	uint64_t one = 1;
+	bool frees = false;
+
+	pthread_mutex_lock(&b->lock);
+	for (;;) {
+		while (!b->asked && !b->quit)
+			pthread_cond_wait(&b->cond, &b->lock);
+		if (b->quit)
+			break;
+		char host[sizeof(b->host)];
+		uint16_t port = b->port;
+		struct sockaddr_storage ss;
+		socklen_t len = 0;
+
+		memcpy(host, b->host, sizeof(host));
+		b->asked = false;
+		b->asking = true;
+		pthread_mutex_unlock(&b->lock);
+		int rc = peer_resolve(host, port, false, false, &ss, &len);
+
+		pthread_mutex_lock(&b->lock);
+		b->asking = false;
+		if (b->quit) {
+			frees = b->thread_frees;
+			break;
+		}
+		b->rc = rc;
+		b->ss = ss;
+		b->len = len;
+		b->answered = true;
+		if (write(b->evfd, &one, sizeof(one)) < 0) {
+			/* EAGAIN: already rung. */
+		}
+	}
+	pthread_mutex_unlock(&b->lock);
+	if (frees)
+		box_free(b);
+	return NULL;
+}
+
+static void dns_answer(struct kvp_node *n, int rc, const struct sockaddr_storage *ss,
+		       socklen_t len);
+
+static void
+on_answer(struct kvp_node *n, void *arg, uint32_t events)
+{
+	struct kvp_dns_box *b = n->dns.box;
+	struct sockaddr_storage ss;
+	socklen_t len;
+	uint64_t v;
+	int rc;
+
+	(void)arg;
+	(void)events;
+	if (read(b->evfd, &v, sizeof(v)) < 0) {
+		/* EAGAIN: a previous pass took it. */
+	}
+	pthread_mutex_lock(&b->lock);
+	if (!b->answered) {
+		pthread_mutex_unlock(&b->lock);
+		return;
+	}
+	b->answered = false;
+	rc = b->rc;
+	ss = b->ss;
+	len = b->len;
+	pthread_mutex_unlock(&b->lock);
+	dns_answer(n, rc, &ss, len);
+}
+
+/* The thread and its block, the first time a name needs them. @return 0, -errno */
+static int
+dns_start(struct kvp_node *n)
+{
+	struct kvp_dns *d = &n->dns;
+	struct kvp_dns_box *b = calloc(1, sizeof(*b));
+	int rc = -ENOMEM;
+
+	if (!b)
+		return -ENOMEM;
+	b->evfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+	if (b->evfd < 0) {
+		rc = -errno;
+		free(b);
+		return rc;
+	}
+	if (pthread_mutex_init(&b->lock, NULL) != 0 || pthread_cond_init(&b->cond, NULL) != 0)
+		goto fail;
+	rc = -pthread_create(&d->thread, NULL, dns_thread, b);
+	if (rc < 0)
+		goto fail;
+	pthread_setname_np(d->thread, "kvp-dns");
+	d->box = b;
+	rc = loop_watch(n, &d->watch, b->evfd, EPOLLIN, on_answer, NULL);
+	if (rc < 0)
+		KVP_LOG(ERR, core, "peer names: cannot watch the resolver thread: %s", strerror(-rc));
+	return 0;
+fail:
+	close(b->evfd);
+	free(b);
+	return rc;
+}
+
+/* The answer for the name in flight: dial it, unless the peer changed meanwhile. */
+static void
+dns_answer(struct kvp_node *n, int rc, const struct sockaddr_storage *ss, socklen_t len)
+{
+	struct kvp_dns *d = &n->dns;
+	struct kvp_peer *p = &n->peers[d->peer];
+
+	d->busy = false;
+	/* The slot may have been removed, or taken by another peer, meanwhile. */
+	if (p->slot_state == KVP_PS_ACTIVE && p->gen == d->gen &&
+	    p->out_state == KVP_LINK_RESOLVING && p->port == d->port &&
+	    strcmp(p->host, d->host) == 0)
+		peer_resolved(n, d->peer, rc, ss, len);
+	peer_dns_next(n);
+}
+
+void
+peer_dns_next(struct kvp_node *n)
+{
+	struct kvp_dns *d = &n->dns;
+
+	if (d->busy || d->stopped)
+		return;
+	for (uint16_t i = 0; i < n->cfg.max_peers; i++) {
+		const struct kvp_peer *p = &n->peers[i];
+
+		if (p->slot_state != KVP_PS_ACTIVE || p->out_state != KVP_LINK_RESOLVING)
+			continue;
+		d->peer = i;
+		d->gen = p->gen;
+		d->port = p->port;
+		snprintf(d->host, sizeof(d->host), "%s", p->host);
+		if (n->env.ctrl_inline || (!d->box && dns_start(n) < 0)) {
+			struct sockaddr_storage ss;
+			socklen_t len = 0;
+			int rc = peer_resolve(d->host, d->port, false, false, &ss, &len);
+
+			d->busy = true;
+			dns_answer(n, rc, &ss, len); /* the next one, if any, from there */
+			return;
+		}
+		struct kvp_dns_box *b = d->box;
+
+		d->busy = true;
+		pthread_mutex_lock(&b->lock);
+		memcpy(b->host, d->host, sizeof(b->host));
+		b->port = d->port;
+		b->asked = true;
+		pthread_cond_signal(&b->cond);
+		pthread_mutex_unlock(&b->lock);
+		return;
+	}
+}
+
+void
+peer_dns_stop(struct kvp_node *n)
+{
+	struct kvp_dns *d = &n->dns;
+	struct kvp_dns_box *b = d->box;
+	bool asking;
+
+	d->stopped = true;
+	if (!b)
+		return;
+	loop_unwatch(n, &d->watch);
+	pthread_mutex_lock(&b->lock);
+	b->quit = true;
+	asking = b->thread_frees = b->asking;
+	pthread_cond_signal(&b->cond);
+	pthread_mutex_unlock(&b->lock);
+	d->box = NULL;
+	if (asking) {
+		/* Inside the resolver: it frees the block once that returns. */
+		KVP_LOG(NOTICE, core, "peer names: not waiting for the resolver (asked for %s)",
+			d->host);
+		pthread_detach(d->thread);
+		return;
+	}
+	pthread_join(d->thread, NULL);
+	box_free(b);
+}
