@@ -15,19 +15,22 @@
 #include <setjmp.h>
 #include <signal.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <string.h>
 
 #include "kvp_guard.h"
 
 static __thread sigjmp_buf *armed;
 static struct sigaction prev;
+static bool installed;
 
 static void
 on_sigbus(int sig, siginfo_t *si, void *uc)
 {
 	sigjmp_buf *jb = armed;
 
-	if (jb) {
+	/* A fault (si_code > 0), not a SIGBUS someone sent (kill, tgkill: <= 0). */
+	if (jb && si && si->si_code > 0) {
 		armed = NULL;
 		siglongjmp(*jb, 1); /* SA_NODEFER: SIGBUS is not left blocked */
 	}
@@ -40,8 +43,9 @@ on_sigbus(int sig, siginfo_t *si, void *uc)
 		prev.sa_handler(sig);
 		return;
 	}
-	/* The faulting access runs again and takes the default action (a core). */
+	/* The default action (a core), for a fault and a sent signal alike. */
 	signal(sig, SIG_DFL);
+	raise(sig);
 }
 
 int
@@ -49,11 +53,16 @@ kvp_guard_init(void)
 {
 	struct sigaction sa;
 
+	if (installed)
+		return 0; /* prev must stay the handler before ours */
 	memset(&sa, 0, sizeof(sa));
 	sa.sa_sigaction = on_sigbus;
 	sa.sa_flags = SA_SIGINFO | SA_NODEFER;
 	sigemptyset(&sa.sa_mask);
-	return sigaction(SIGBUS, &sa, &prev) < 0 ? -errno : 0;
+	if (sigaction(SIGBUS, &sa, &prev) < 0)
+		return -errno;
+	installed = true;
+	return 0;
 }
 
 int

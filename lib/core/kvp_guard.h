@@ -10,8 +10,9 @@
 #include <stddef.h>
 
 /**
- * Install the SIGBUS handler (process-wide, once, at start; a handler
- * installed before, a sanitizer's, still gets every other SIGBUS).
+ * Install the SIGBUS handler (process-wide, at start; again: nothing). A
+ * handler installed before, a sanitizer's, still gets every other SIGBUS;
+ * without one, they take the default action.
  *
  * @return 0, -errno
  */

@@ -109,7 +109,6 @@ out_start(struct kvp_node *n, uint16_t i, uint64_t now)
 		if (rc == -EAGAIN) {
 			/* A name: the resolver may block for seconds, so a thread asks it. */
 			p->out_state = KVP_LINK_RESOLVING;
-			p->deadline_ns = now + (uint64_t)n->cfg.connect_timeout_ms * 1000000;
 			peer_dns_next(n);
 			return;
 		}
@@ -378,20 +377,6 @@ kvp_peer_conn_down(struct kvp_node *n, uint16_t i, uint8_t link, bool outgoing, 
 	}
 }
 
-/* What a dial that outlived timeouts.connect_ms was doing. */
-static const char *
-deadline_why(int state)
-{
-	switch (state) {
-	case KVP_LINK_RESOLVING:
-		return "its host name did not resolve in time";
-	case KVP_LINK_CONNECTING:
-		return "connect timeout";
-	default:
-		return "handshake timeout";
-	}
-}
-
 void
 kvp_peer_timers(struct kvp_node *n, uint64_t now)
 {
@@ -405,12 +390,13 @@ kvp_peer_timers(struct kvp_node *n, uint64_t now)
 		     (p->out_state == KVP_LINK_UP && missing_link(p) >= 0)) &&
 		    now >= p->next_try_ns)
 			out_start(n, i, now);
-		else if ((p->out_state == KVP_LINK_CONNECTING || p->out_state == KVP_LINK_HELLO ||
-			  p->out_state == KVP_LINK_RESOLVING) &&
+		else if ((p->out_state == KVP_LINK_CONNECTING || p->out_state == KVP_LINK_HELLO) &&
 			 now >= p->deadline_ns)
-			out_fail(n, i, deadline_why(p->out_state),
-				 p->out_state == KVP_LINK_HELLO ? KVP_PEER_WHY_HANDSHAKE :
-								  KVP_PEER_WHY_CONNECT);
+			out_fail(n, i,
+				 p->out_state == KVP_LINK_CONNECTING ? "connect timeout" :
+								       "handshake timeout",
+				 p->out_state == KVP_LINK_CONNECTING ? KVP_PEER_WHY_CONNECT :
+								       KVP_PEER_WHY_HANDSHAKE);
 	}
 	peer_pending_timers(n, now);
 }

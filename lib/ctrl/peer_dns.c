@@ -3,7 +3,7 @@
  * Peers' host names, resolved off the main lcore (peer.c dials the
  * answer). A thread of its own, started with the first name, asks the
  * resolver one name at a time, so a resolver that never answers holds that
- * thread and nothing else. All it shares with the main lcore is a block of
+ * thread and the names behind it, never the main lcore. All it shares with the main lcore is a block of
  * its own (struct kvp_dns_box): at stop a thread still inside
  * getaddrinfo() is left to finish alone and frees the block itself, so a
  * stop never waits for the resolver's timeout (glibc's: up to 5 s x 2
@@ -142,10 +142,17 @@ dns_start(struct kvp_node *n)
 	if (rc < 0)
 		goto fail;
 	pthread_setname_np(d->thread, "kvp-dns");
-	d->box = b;
 	rc = loop_watch(n, &d->watch, b->evfd, EPOLLIN, on_answer, NULL);
-	if (rc < 0)
-		KVP_LOG(ERR, core, "peer names: cannot watch the resolver thread: %s", strerror(-rc));
+	if (rc < 0) {
+		pthread_mutex_lock(&b->lock);
+		b->quit = true; /* idle: it leaves at once */
+		pthread_cond_signal(&b->cond);
+		pthread_mutex_unlock(&b->lock);
+		pthread_join(d->thread, NULL);
+		box_free(b);
+		return rc;
+	}
+	d->box = b;
 	return 0;
 fail:
 	close(b->evfd);
@@ -185,12 +192,18 @@ peer_dns_next(struct kvp_node *n)
 		d->gen = p->gen;
 		d->port = p->port;
 		snprintf(d->host, sizeof(d->host), "%s", p->host);
-		if (n->env.ctrl_inline || (!d->box && dns_start(n) < 0)) {
+		int rc = n->env.ctrl_inline || d->box ? 0 : dns_start(n);
+
+		if (rc < 0)
+			KVP_LOG_RL(WARNING, core,
+				   "peer names: no resolver thread (%s): %s is "
+				   "resolved on the main loop",
+				   strerror(-rc), d->host);
+		if (n->env.ctrl_inline || rc < 0) {
 			struct sockaddr_storage ss;
 			socklen_t len = 0;
-			int rc = peer_resolve(d->host, d->port, false, false, &ss, &len);
-
 			d->busy = true;
+			rc = peer_resolve(d->host, d->port, false, false, &ss, &len);
 			dns_answer(n, rc, &ss, len); /* the next one, if any, from there */
 			return;
 		}

@@ -10,6 +10,8 @@
 #include "kvp_guard.h"
 #include "tcp_priv.h"
 
+#define MEM_GONE "its memory went away under a receive (a hole punched in its file?)"
+
 int
 tcp_start_recv(struct tcp_ctx *t, struct tcp_conn *c)
 {
@@ -123,20 +125,23 @@ body_fenced(struct tcp_ctx *t, struct tcp_conn *c)
 }
 
 /*
- * The region's memory is gone under the payload (a hole punched in its
- * file, kvp_guard_copy(), or -EFAULT from a recv into it): the transfer is
- * refused and the rest of the payload is read and dropped; the link and
- * every other transfer on it go on.
+ * The payload cannot land: the region's memory is gone under it (a hole
+ * punched in its file: kvp_guard_copy(), or -EFAULT from a recv into it),
+ * or a staged window's copy failed. The transfer is refused and the rest
+ * of the payload is read and dropped; the link and every other transfer on
+ * it go on.
  */
 static void
-body_faulted(struct tcp_ctx *t, struct tcp_conn *c)
+body_faulted(struct tcp_ctx *t, struct tcp_conn *c, const char *why)
 {
 	uint64_t left = c->rx_left;
 
-	KVP_LOG_RL(ERR, tcp,
-		   "peer %u: region %016" PRIx64 ": its memory went away under a "
-		   "receive (a hole punched in its file?): transfer refused",
-		   c->peer, c->rx_hdr.key);
+	if (c->rx_ent->fenced) {
+		body_fenced(t, c); /* refused already: counted as the fence's */
+		return;
+	}
+	KVP_LOG_RL(ERR, tcp, "peer %u: region %016" PRIx64 ": %s: transfer refused", c->peer,
+		   c->rx_hdr.key, why);
 	c->rx_ent->status = KVP_EREMOTE;
 	body_done(t, c);
 	c->rx_left = left;
@@ -206,8 +211,11 @@ window_full(struct tcp_ctx *t, struct tcp_conn *c)
 	if (c->rx_stage >= 0) {
 		uint8_t *buf = stage_buf(&t->stage, c->rx_stage);
 
-		if (land_staged(c, buf, (uint64_t)(c->rx_dst - buf)) < 0)
-			c->rx_ent->status = KVP_EREMOTE;
+		if (land_staged(c, buf, (uint64_t)(c->rx_dst - buf)) < 0) {
+			/* Later windows would land at offsets this one did not reach. */
+			body_faulted(t, c, "a staged window's copy into it failed");
+			return;
+		}
 	}
 	if (c->rx_left == 0) {
 		body_done(t, c);
@@ -255,7 +263,7 @@ tcp_recv_done(struct tcp_ctx *t, struct tcp_conn *c, int res, bool next)
 	if (c->state != CONN_UP || (next && res == -ECANCELED))
 		return;
 	if (res == -EFAULT && !next && c->recv_direct && c->rx_stage < 0 && c->rx_region) {
-		body_faulted(t, c); /* nothing was read: the payload is still in the socket */
+		body_faulted(t, c, MEM_GONE); /* nothing read: the payload is still in the socket */
 		return;
 	}
 	if (res <= 0) {
@@ -550,7 +558,8 @@ tcp_process_rx(struct tcp_ctx *t, struct tcp_conn *c)
 			if (c->rx_stage >= 0) {
 				memcpy(c->rx_dst, c->rxbuf + c->rx_start, n);
 			} else if (kvp_guard_copy(c->rx_dst, c->rxbuf + c->rx_start, n) < 0) {
-				body_faulted(t, c); /* these n bytes are dropped with the rest */
+				/* These n bytes are dropped with the rest. */
+				body_faulted(t, c, MEM_GONE);
 				work++;
 				break;
 			}

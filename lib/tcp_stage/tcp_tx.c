@@ -228,7 +228,9 @@ copies_done(struct tcp_ctx *t, struct tcp_conn *c, uint32_t pass_start)
 	if (!t->copy_failed)
 		return;
 	t->copy_failed = false;
-	KVP_LOG_RL(ERR, tcp, "peer %u: staging copy from GPU memory failed: its transfers fail",
+	KVP_LOG_RL(ERR, tcp,
+		   "peer %u: staging copy out of a region failed (GPU, or host memory gone "
+		   "under it): its transfers fail",
 		   c->peer);
 	for (uint32_t i = pass_start; i != c->tx_tail; i++) {
 		struct tx_frame *f = frame_at(c, i);

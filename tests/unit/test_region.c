@@ -3,7 +3,8 @@
  * Region table: random keys, bounds, ownership, deferred unmap under
  * references. Guarded copies: memory gone under a mapping (a page past the
  * end of a file cut short) fails the copy with -EFAULT, twice in a row (SIGBUS
- * is not left blocked), and a SIGBUS outside a guarded copy still kills.
+ * is not left blocked); a SIGBUS outside a guarded copy still kills, and so
+ * does one sent with kill(), also with the handler installed twice.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -50,6 +51,21 @@ guard_checks(void)
 	CHECK_EQ(waitpid(pid, &st, 0), pid);
 	/* SIGBUS, or SIGABRT from a sanitizer's handler (abort_on_error). */
 	CHECK(WIFSIGNALED(st) && (WTERMSIG(st) == SIGBUS || WTERMSIG(st) == SIGABRT));
+	/* Installed twice: still one handler; a SIGBUS sent (not a fault) is not swallowed. */
+	CHECK_EQ(kvp_guard_init(), 0);
+	pid = fork();
+	if (pid == 0) {
+		int null = open("/dev/null", O_WRONLY);
+
+		if (null >= 0)
+			dup2(null, 2);
+		kill(getpid(), SIGBUS);
+		_exit(0);
+	}
+	REQUIRE(pid > 0, "fork");
+	CHECK_EQ(waitpid(pid, &st, 0), pid);
+	CHECK(WIFSIGNALED(st) && (WTERMSIG(st) == SIGBUS || WTERMSIG(st) == SIGABRT));
+	CHECK_EQ(kvp_guard_copy(m + page, buf, sizeof(buf)), -EFAULT);
 	munmap(m, (size_t)page * 2);
 	close(fd);
 }
