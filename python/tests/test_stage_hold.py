@@ -81,14 +81,6 @@ class StageHoldTest(unittest.TestCase):
         cls.dbuf.close()
         tb.stop_and_clean(cls.tmp, (cls.snd, cls.rcv))
 
-    def done_of(self, uid: int, timeout: float) -> kvproxy.Completion:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            for c in self.src.wait(timeout=0.2):
-                if c.kind == "done" and c.user_id == uid:
-                    return c
-        self.fail(f"transfer {uid} did not end within {timeout} s")
-
     def conn_errors(self, node_id: str) -> int:
         rows = [p for p in self.snd.admin_call("stats")["peers"] if p.get("node_id") == node_id]
         return int(rows[0].get("conn_errors", 0)) if rows else 0
@@ -99,7 +91,7 @@ class StageHoldTest(unittest.TestCase):
         self.addCleanup(fake.close)
         peer = self.src.peer(f"127.0.0.1:{fake.port}")
         self.src.submit(peer, [(self.sreg.key, 0, 0x1000, 0, 4096)], uid - 1, timeout=10)
-        self.assertEqual(self.done_of(uid - 1, 15).status_name, "ok", "the link never came up")
+        self.assertEqual(tb.wait_for(self.src, tb.done_of(uid - 1), 15).status_name, "ok", "the link never came up")
         fake.pause(mode)
         self.src.submit(peer, [(self.sreg.key, 0, 0x1000, 0, 32 * MIB)], uid, timeout=30)
         early = None
@@ -107,7 +99,7 @@ class StageHoldTest(unittest.TestCase):
         while early is None and time.monotonic() < deadline:
             early = next((c for c in self.src.wait(timeout=0.1) if c.user_id == uid), None)
         fake.resume()
-        return early if early is not None else self.done_of(uid, 20)
+        return early if early is not None else tb.wait_for(self.src, tb.done_of(uid), 20)
 
     def test_vouched_wait_is_not_a_stall(self) -> None:
         before = self.conn_errors("vouch0")
@@ -121,10 +113,10 @@ class StageHoldTest(unittest.TestCase):
         self.addCleanup(fake.close)
         peer = self.src.peer(f"127.0.0.1:{fake.port}")
         self.src.submit(peer, [(self.sreg.key, 0, 0x1000, 0, 4096)], 30, timeout=10)
-        self.assertEqual(self.done_of(30, 15).status_name, "ok", "the link never came up")
+        self.assertEqual(tb.wait_for(self.src, tb.done_of(30), 15).status_name, "ok", "the link never came up")
         fake.pause("rxwait")
         self.src.submit(peer, [(self.sreg.key, 0, 0x1000, 0, 32 * MIB)], 31, timeout=60)
-        c = self.done_of(31, 8 * SEND_PEER_MS / 1000 + 20)
+        c = tb.wait_for(self.src, tb.done_of(31), 8 * SEND_PEER_MS / 1000 + 20)
         self.assertEqual(c.status_name, "peer", "a send the peer vouched for without end was not cut")
         self.assertIn("(the peer waits for buffers)", self.snd.logfile.read_text(errors="replace"))
 

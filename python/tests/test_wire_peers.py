@@ -64,21 +64,13 @@ class WirePeersTest(unittest.TestCase):
         rows = [p for p in self.node.admin_call("stats")["peers"] if p.get("node_id") == node_id]
         return rows[0] if rows else {}
 
-    def done_of(self, uid: int, timeout: float = 15.0) -> kvproxy.Completion:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            for c in self.client.wait(timeout=0.2):
-                if c.kind == "done" and c.user_id == uid:
-                    return c
-        self.fail(f"transfer {uid} never ended")
-
     def test_ack_from_another_peer(self) -> None:
         p, q = wp.FakeNode("fakeP", ack=True), wp.FakeNode("fakeQ", ack=False)
         self.addCleanup(p.close)
         self.addCleanup(q.close)
         to_p, to_q = self.client.peer(f"127.0.0.1:{p.port}"), self.client.peer(f"127.0.0.1:{q.port}")
         self.client.submit(to_p, [(self.reg.key, 0, 0x1234, 0, 4096)], 1, timeout=10)
-        self.assertEqual(self.done_of(1).status_name, "ok")
+        self.assertEqual(tb.wait_for(self.client, tb.done_of(1), 15).status_name, "ok")
         self.client.submit(to_q, [(self.reg.key, 0, 0x5678, 0, 4096)], 2, timeout=10)
         tag = q.wait_end(1)
         self.assertIsNotNone(tag, "fakeQ saw no END")
@@ -91,7 +83,7 @@ class WirePeersTest(unittest.TestCase):
         early = [c for c in self.client.poll() if c.user_id == 2]
         self.assertEqual(early, [], "an ACK from fakeP ended a transfer sent to fakeQ")
         q.ack_on_every_link(tag)
-        self.assertEqual(self.done_of(2).status_name, "ok")
+        self.assertEqual(tb.wait_for(self.client, tb.done_of(2), 15).status_name, "ok")
 
     def test_peer_by_host_name(self) -> None:
         """A name (not an address) is resolved on a helper thread; the dial then goes on."""
@@ -99,7 +91,7 @@ class WirePeersTest(unittest.TestCase):
         self.addCleanup(node.close)
         self.client.submit(self.client.peer(f"localhost:{node.port}"), [(self.reg.key, 0, 0x9abc, 0, 4096)], 3,
                            timeout=10)
-        self.assertEqual(self.done_of(3).status_name, "ok")
+        self.assertEqual(tb.wait_for(self.client, tb.done_of(3), 15).status_name, "ok")
         self.assertIsNotNone(node.wait_end(1), "fakeH saw no END")
 
     def test_duplicate_inbound_link(self) -> None:
