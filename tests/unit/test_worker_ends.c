@@ -26,8 +26,11 @@ test_spin_after_done(void)
 	uint64_t now = kvp_mono_ns();
 	CHECK(!kvp_worker_spin_after_done(&w, now, win)); /* 2 still in flight */
 	end_xfer(held_of(CLIENT_A, 2), KVP_OK);
-	now = kvp_mono_ns();
+	/* From the DONE's own stamp: a clock read here could be preempted past the window. */
+	now = w.done_ns;
+	CHECK(now != 0);
 	CHECK(kvp_worker_spin_after_done(&w, now, win));
+	CHECK(kvp_worker_spin_after_done(&w, now + win - 1, win));
 	CHECK(!kvp_worker_spin_after_done(&w, now + win, win));
 	EXPECT_DONE(&a, 1, KVP_OK);
 	EXPECT_DONE(&a, 2, KVP_OK);
