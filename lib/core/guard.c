@@ -8,7 +8,8 @@
  * just return -EFAULT; the daemon's (small payloads out of a connection's
  * buffer, staging) run as guarded copies: a per-thread jump buffer is armed
  * around the memcpy, the handler jumps back to it, and the caller fails
- * that one transfer. Any other SIGBUS goes to the handler installed before
+ * that one transfer; a send the kernel failed with -EFAULT probes its
+ * frames' memory the same way to find whose it was. Any other SIGBUS goes to the handler installed before
  * us, or takes the default action.
  */
 #include <errno.h>
@@ -16,9 +17,12 @@
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdbool.h>
+#include <stdint.h>
 #include <string.h>
 
 #include "kvp_guard.h"
+
+#define PROBE_PAGE 4096u
 
 static __thread sigjmp_buf *armed;
 static struct sigaction prev;
@@ -77,6 +81,29 @@ kvp_guard_copy(void *dst, const void *src, size_t n)
 	armed = &jb;
 	atomic_signal_fence(memory_order_seq_cst); /* armed before the first access */
 	memcpy(dst, src, n);
+	atomic_signal_fence(memory_order_seq_cst);
+	armed = NULL;
+	return 0;
+}
+
+int
+kvp_guard_probe(const void *p, size_t n)
+{
+	const volatile uint8_t *b = p;
+	sigjmp_buf jb;
+
+	if (n == 0)
+		return 0;
+	if (sigsetjmp(jb, 0)) {
+		atomic_signal_fence(memory_order_seq_cst);
+		return -EFAULT;
+	}
+	armed = &jb;
+	atomic_signal_fence(memory_order_seq_cst);
+	/* A byte every page's length apart touches every page; the last byte ends it. */
+	for (size_t i = 0; i < n; i += PROBE_PAGE)
+		(void)b[i];
+	(void)b[n - 1];
 	atomic_signal_fence(memory_order_seq_cst);
 	armed = NULL;
 	return 0;

@@ -24,4 +24,10 @@ int kvp_guard_init(void);
  */
 int kvp_guard_copy(void *dst, const void *src, size_t n);
 
+/**
+ * Read a byte of every 4 KiB page of [p, p + n) (any larger page is made of
+ * them): @return 0; -EFAULT if a page of it was gone (SIGBUS)
+ */
+int kvp_guard_probe(const void *p, size_t n);
+
 #endif

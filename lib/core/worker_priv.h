@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
-/* Worker internals shared by worker.c, submit.c, chan.c and fence.c (the worker's lcore only). */
+/* Worker internals shared by worker.c, submit.c, chan.c, xmsg.c and fence.c (the worker's lcore only). */
 #ifndef WORKER_PRIV_H
 #define WORKER_PRIV_H
 
@@ -26,6 +26,12 @@ void worker_send_main(struct kvp_worker *w, int type, uint16_t peer, uint8_t lin
 		      struct kvp_chan *ch, const char *reason);
 /* Cancel @p ch's transfer @p user_id, if it is in flight. */
 void worker_cancel_user(struct kvp_worker *w, struct kvp_chan *ch, uint64_t user_id);
+
+/* xmsg.c: messages from the other workers */
+/* Deliver what the other workers sent, in the order each sent it. @return messages handled */
+int worker_xinbox(struct kvp_worker *w);
+/* Messages from another worker are waiting (a reason not to sleep). */
+bool worker_xpending(const struct kvp_worker *w);
 
 /* route.c: the worker's transports */
 int route_post(struct kvp_worker *w, struct kvp_xfer *x);

@@ -220,6 +220,7 @@ enum kvp_invalid {
 	KVP_INVAL_BOUNDS, /**< outside the source region, or the destination range overflows */
 	KVP_INVAL_SRC,	  /**< unknown source region, or not this client's */
 	KVP_INVAL_NSEG,	  /**< more segments than limits.max_segments */
+	KVP_INVAL_MEMORY, /**< the source region's memory went away under the send (a hole) */
 	KVP_INVAL_MAX
 };
 

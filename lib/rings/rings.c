@@ -133,6 +133,7 @@ static const char *const invalid_names[KVP_INVAL_MAX] = {
 	[KVP_INVAL_BOUNDS] = "outside the source region, or the destination range overflows",
 	[KVP_INVAL_SRC] = "unknown source region, or not this client's",
 	[KVP_INVAL_NSEG] = "more segments than limits.max_segments",
+	[KVP_INVAL_MEMORY] = "the source region's memory is gone (a hole punched in its file)",
 };
 
 const char *

@@ -77,6 +77,7 @@ struct tx_frame {
 	uint32_t blk;
 	uint64_t sstride;
 	uint16_t owner; /* client slot whose share the staging buffer counts against */
+	bool pad;	/* payload gone from under a partly sent frame: the rest goes as zeros */
 	alignas(8) uint8_t inl[KVP_PCHAN_PAYLOAD]; /* payload of peer control frames */
 };
 

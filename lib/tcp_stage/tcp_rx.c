@@ -108,6 +108,17 @@ body_done(struct tcp_ctx *t, struct tcp_conn *c)
 	c->rx_state = RX_HDR;
 }
 
+/* The transfer's landing ends here: the rest of its payload is read and dropped. */
+static void
+body_drop(struct tcp_ctx *t, struct tcp_conn *c)
+{
+	uint64_t left = c->rx_left;
+
+	body_done(t, c);
+	c->rx_left = left;
+	c->rx_state = left ? RX_DISCARD : RX_HDR;
+}
+
 /*
  * A fence refuses the rest of the payload being received: nothing more of
  * it goes to the region (nor a staged window's copy); the rest is read and
@@ -116,12 +127,8 @@ body_done(struct tcp_ctx *t, struct tcp_conn *c)
 static void
 body_fenced(struct tcp_ctx *t, struct tcp_conn *c)
 {
-	uint64_t left = c->rx_left;
-
-	kvp_worker_fenced(t->w, c->rx_ent->owner, c->rx_ent->user_id, left, 0);
-	body_done(t, c);
-	c->rx_left = left;
-	c->rx_state = left ? RX_DISCARD : RX_HDR;
+	kvp_worker_fenced(t->w, c->rx_ent->owner, c->rx_ent->user_id, c->rx_left, 0);
+	body_drop(t, c);
 }
 
 /*
@@ -134,8 +141,6 @@ body_fenced(struct tcp_ctx *t, struct tcp_conn *c)
 static void
 body_faulted(struct tcp_ctx *t, struct tcp_conn *c, const char *why)
 {
-	uint64_t left = c->rx_left;
-
 	if (c->rx_ent->fenced) {
 		body_fenced(t, c); /* refused already: counted as the fence's */
 		return;
@@ -143,9 +148,7 @@ body_faulted(struct tcp_ctx *t, struct tcp_conn *c, const char *why)
 	KVP_LOG_RL(ERR, tcp, "peer %u: region %016" PRIx64 ": %s: transfer refused", c->peer,
 		   c->rx_hdr.key, why);
 	c->rx_ent->status = KVP_EREMOTE;
-	body_done(t, c);
-	c->rx_left = left;
-	c->rx_state = left ? RX_DISCARD : RX_HDR;
+	body_drop(t, c);
 }
 
 /*

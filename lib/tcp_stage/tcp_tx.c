@@ -12,8 +12,10 @@
  * clients in turn (stage_get_tx()).
  */
 #include <errno.h>
+#include <inttypes.h>
 #include <string.h>
 
+#include "kvp_guard.h"
 #include "tcp_priv.h"
 
 /*
@@ -38,8 +40,12 @@ frame_at(struct tcp_conn *c, uint32_t i)
 static inline uint64_t
 frame_bytes(const struct tx_frame *f)
 {
-	return sizeof(f->hdr) + (f->payload ? f->hdr.len : 0);
+	return sizeof(f->hdr) + (f->payload || f->pad ? f->hdr.len : 0);
 }
+
+/* What a padded frame sends in place of its payload, this much per send at most. */
+#define PAD_BYTES (64u << 10)
+static const uint8_t pad_zeros[PAD_BYTES];
 
 static struct tx_frame *
 push_frame(struct tcp_conn *c, uint8_t type, uint32_t len, uint64_t tag, uint32_t xfer)
@@ -52,6 +58,7 @@ push_frame(struct tcp_conn *c, uint8_t type, uint32_t len, uint64_t tag, uint32_
 	f->stage = -1;
 	f->nblk = 0;
 	f->owner = UINT16_MAX;
+	f->pad = false;
 	return f;
 }
 
@@ -69,13 +76,18 @@ frame_unstage(struct tcp_ctx *t, struct tx_frame *f)
 static inline uint32_t
 payload_iovs(const struct tx_frame *f)
 {
-	return !f->payload ? 0 : f->nblk > 1 ? f->nblk : 1;
+	return f->pad ? 1 : !f->payload ? 0 : f->nblk > 1 ? f->nblk : 1;
 }
 
-/* The iovecs of f's payload from byte @p skip on. @return how many */
+/* The iovecs of f's payload from byte @p skip on (a pad's next PAD_BYTES at most). @return how many */
 static uint32_t
 payload_iov(const struct tx_frame *f, uint32_t skip, struct iovec *iov)
 {
+	if (f->pad) {
+		iov->iov_base = (void *)pad_zeros;
+		iov->iov_len = f->hdr.len - skip < PAD_BYTES ? f->hdr.len - skip : PAD_BYTES;
+		return 1;
+	}
 	if (f->nblk <= 1) {
 		iov->iov_base = f->payload + skip;
 		iov->iov_len = f->hdr.len - skip;
@@ -414,11 +426,13 @@ tcp_start_send(struct tcp_ctx *t, struct tcp_conn *c)
 		} else {
 			skip -= hlen;
 		}
-		if (f->payload)
+		if (f->payload || f->pad)
 			niov += payload_iov(f, skip, &c->iov[niov]);
 		/* What is left of it: a 1 KiB tail is not a 4 MiB send. */
 		bytes += frame_bytes(f) - (i == c->tx_done ? c->tx_partial : 0);
 		i++;
+		if (f->pad)
+			break; /* its iovec may hold only part of what is left: nothing may follow it */
 	}
 	bool zc = t->zerocopy && bytes >= ZC_MIN_BYTES;
 
@@ -481,6 +495,74 @@ release_to(struct tcp_ctx *t, struct tcp_conn *c, uint32_t end, uint64_t now)
 		frame_release(t, frame_at(c, c->tx_zc), now);
 }
 
+/* The source segment of @p x whose bytes are at @p p (0 if none is: a reused slot). */
+static uint32_t
+seg_at(const struct kvp_xfer *x, const uint8_t *p)
+{
+	for (uint32_t i = 0; i < x->nseg; i++) {
+		const struct kvp_seg *s = &x->segs[i];
+		const uint8_t *b = s->src->base + s->src_off;
+
+		if (p >= b && p < b + (s->count - 1) * s->src_stride + s->len)
+			return i;
+	}
+	return 0;
+}
+
+/*
+ * The kernel's send said -EFAULT: none of it went, and some frame's payload
+ * has memory gone under it (a hole punched in a host region's hugetlbfs
+ * file with no page left to fault back in). Guarded reads find the first
+ * such frame of the gather, and only its transfer fails (invalid, memory):
+ * its unsent frames become ABORTs, and a frame already partly sent is
+ * finished with zeros, so the stream stays framed and the ABORT after it
+ * makes the receiver forget the transfer. Frames before it go out again.
+ * @return false if no frame's memory is gone (the link fails as for any
+ * other send error)
+ */
+static bool
+send_fault(struct tcp_ctx *t, struct tcp_conn *c)
+{
+	uint32_t end = c->tx_head, hlen = sizeof(struct kvp_wire_hdr);
+
+	c->tx_head = c->tx_done;
+	for (uint32_t i = c->tx_done; i != end; i++) {
+		struct tx_frame *f = frame_at(c, i);
+		uint32_t sent = i == c->tx_done ? c->tx_partial : 0;
+		bool gone = false;
+
+		/* Staged and control payloads are the daemon's own memory. */
+		if (!is_data(f->hdr.type) || f->stage >= 0 || !f->payload || f->xfer == NO_XFER)
+			continue;
+		uint32_t n = payload_iov(f, sent > hlen ? sent - hlen : 0, c->iov);
+
+		for (uint32_t k = 0; k < n && !gone; k++)
+			gone = kvp_guard_probe(c->iov[k].iov_base, c->iov[k].iov_len) < 0;
+		if (!gone)
+			continue;
+		struct kvp_xfer *x = &t->w->xfers[f->xfer];
+
+		if (x->state != KVP_XS_ACTIVE || kvp_xfer_tag(x) != f->hdr.tag)
+			return false;
+		KVP_LOG_RL(ERR, tcp,
+			   "peer %u: transfer %" PRIu64 ": source memory gone (a hole punched in "
+			   "its region's file): it fails, the link goes on",
+			   c->peer, x->user_id);
+		if (x->status == KVP_OK) {
+			x->detail = KVP_INVAL_MEMORY;
+			x->bad_seg = seg_at(x, f->payload);
+		}
+		if (sent) {
+			f->pad = true;
+			f->payload = NULL;
+			f->nblk = 0;
+		}
+		tcp_tx_cancel(t, c, x, KVP_EINVAL);
+		return true;
+	}
+	return false;
+}
+
 /*
  * The send in flight took @p res bytes. @p zc_held: a SENDMSG_ZC whose
  * notification is to come; its whole frames are released then
@@ -492,6 +574,8 @@ tcp_send_done(struct tcp_ctx *t, struct tcp_conn *c, int res, bool zc_held)
 	c->send_busy = false;
 	if (c->state != CONN_UP)
 		return;
+	if (res == -EFAULT && send_fault(t, c))
+		res = 0; /* none of it went; a ZC send's notification is still to come */
 	if (res < 0) {
 		tcp_conn_fail(t, c, strerror(-res));
 		return;
@@ -619,6 +703,7 @@ tcp_tx_cancel(struct tcp_ctx *t, struct tcp_conn *c, struct kvp_xfer *x, int sta
 			c->framed -= f->hdr.len;
 			f->payload = NULL;
 			f->nblk = 0;
+			f->pad = false;
 			f->hdr.type = KVP_W_ABORT;
 			f->hdr.len = 0;
 			f->hdr.aux2 = f->hdr.rsvd = 0;

@@ -12,12 +12,20 @@ one that runs into it (received straight into the region: the kernel's
 copy says -EFAULT) end ``remote``, the link stays up, and a transfer into
 the region's intact page lands byte for byte.
 
+The sending side: the same file is a source region of the prefill node. A
+send out of the hole (the kernel's send says -EFAULT for the whole gather)
+cut the link, and every other transfer on it ended ``peer``. Now only that
+transfer ends ``invalid`` (detail: the memory is gone), whether nothing of
+its frame had gone yet (4 KiB) or its first half had (1 MiB: the rest goes
+as zeros, then an ABORT), and the link goes on. KVP_FAULT_ZC=1 runs it with
+``tcp.zerocopy`` on the prefill node (SENDMSG_ZC pins the pages instead).
+
 Needs root (it reserves three 2 MiB huge pages, empties the pool and gives
 them back); skipped where huge pages are reserved already (others may need
 them) or the kernel cannot reserve them.
 
 Environment: KVPROXYD, KVPROXY_LIB (meson sets both), KVP_KEEP=1 keeps the
-temp dir. Exit status: 0 pass, 1 fail, 77 skip (with the reason).
+temp dir, KVP_FAULT_ZC=1 (above). Exit status: 0 pass, 1 fail, 77 skip (with the reason).
 """
 
 from __future__ import annotations
@@ -76,7 +84,8 @@ class RegionFaultTest(unittest.TestCase):
             tb.skip_all("the kernel could not reserve three 2 MiB huge pages")
         cls.tmp = Path(tempfile.mkdtemp(prefix="kvp-region-fault."))
         tb.log(f"temp dir {cls.tmp}")
-        cls.prefill, cls.decode = tb.start_pair(cls.tmp, "prefill0", "decode0")
+        zc = "tcp = { zerocopy = true; };" if os.environ.get("KVP_FAULT_ZC") == "1" else ""
+        cls.prefill, cls.decode = tb.start_pair(cls.tmp, "prefill0", "decode0", extra=zc, extra_b="")
         cls.src = kvproxy.Client(cls.prefill.sock)
         cls.dst = kvproxy.Client(cls.decode.sock)
         cls.sbuf = kvproxy.HostBuffer(2 * HUGE)
@@ -88,6 +97,10 @@ class RegionFaultTest(unittest.TestCase):
         fcntl.fcntl(cls.fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK)
         fallocate(cls.fd, 0, 0, 2 * HUGE)
         cls.dreg = cls.dst.register(cls.fd, 0, 2 * HUGE)
+        # The same file as a source, and a plain destination for what is sent out of it.
+        cls.hreg = cls.src.register(cls.fd, 0, 2 * HUGE)
+        cls.dbuf = kvproxy.HostBuffer(2 * HUGE)
+        cls.dbreg = cls.dst.register(cls.dbuf)
         cls.peer = cls.src.peer("decode0")
         cls.hog = -1
 
@@ -96,18 +109,25 @@ class RegionFaultTest(unittest.TestCase):
         for c in (cls.src, cls.dst):
             c.close()
         cls.sbuf.close()
+        cls.dbuf.close()
         for fd in (cls.fd, cls.hog):
             if fd >= 0:
                 os.close(fd)
         tb.stop_and_clean(cls.tmp, (cls.decode, cls.prefill))
 
-    def send(self, uid: int, src_off: int, dst_off: int, n: int) -> str:
-        self.src.submit(self.peer, [(self.sreg.key, src_off, self.dreg.key, dst_off, n)], uid, timeout=10)
+    def send(self, uid: int, src_off: int, dst_off: int, n: int, src=None, dst=None) -> str:
+        return self.send_c(uid, src_off, dst_off, n, src, dst).status_name
+
+    def send_c(self, uid: int, src_off: int, dst_off: int, n: int, src=None, dst=None):
+        """Transfer @p n bytes (default: sbuf into the hugetlbfs region); its completion."""
+        src, dst = src or self.sreg, dst or self.dreg
+        self.src.submit(self.peer, [(src.key, src_off, dst.key, dst_off, n)], uid, timeout=10)
         while True:
             for c in self.src.wait(timeout=1.0):
                 if c.kind == "done" and c.user_id == uid:
-                    return c.status_name
-            self.assertTrue(self.decode.alive(), "decode0 died (SIGBUS?): " + self.decode.log_tail(5))
+                    return c
+            for d in (self.decode, self.prefill):
+                self.assertTrue(d.alive(), f"{d.node_id} died (SIGBUS?): " + d.log_tail(5))
 
     def conn_errors(self) -> int:
         return sum(int(p.get("conn_errors", 0)) for p in self.prefill.admin_call("stats")["peers"])
@@ -143,8 +163,19 @@ class RegionFaultTest(unittest.TestCase):
                          "a receive straight into the hole")
         self.assertTrue(self.decode.alive())
         self.assertEqual(self.conn_errors(), errors, "the link was cut")
-        # The page left in place still takes transfers.
+        # Sent out of the hole: nothing of it sent yet, then half of it sent already.
+        for uid, off, n in ((5, HUGE + 100, 4096), (6, HUGE - (512 << 10), 1 << 20)):
+            c = self.send_c(uid, off, 0, n, src=self.hreg, dst=self.dbreg)
+            self.assertEqual(c.status_name, "invalid", f"a send of {n} bytes out of the hole")
+            self.assertIn("memory is gone", c.detail)
+            self.assertEqual(c.bad_seg, 0)
+        self.assertTrue(self.prefill.alive())
+        self.assertEqual(self.conn_errors(), errors, "a send out of the hole cut the link")
+        # The page left in place still takes transfers, and still sends them.
         self.assertEqual(self.send(4, HUGE, 0, 1 << 20), "ok")
+        self.assertEqual(self.send(7, 0, 0, 1 << 20, src=self.hreg, dst=self.dbreg), "ok")
+        with mmap.mmap(self.fd, HUGE, offset=0) as m:
+            self.assertEqual(self.dbuf[:1 << 20], m[:1 << 20], "bytes sent out of the intact page differ")
         with mmap.mmap(self.fd, HUGE, offset=0) as m:
             self.assertEqual(m[:1 << 20], self.sbuf[HUGE:HUGE + (1 << 20)], "the intact page's bytes differ")
 
