@@ -3,8 +3,9 @@
  * Region table: random keys, bounds, ownership, deferred unmap under
  * references. Guarded copies: memory gone under a mapping (a page past the
  * end of a file cut short) fails the copy with -EFAULT, twice in a row (SIGBUS
- * is not left blocked); a SIGBUS outside a guarded copy still kills, and so
- * does one sent with kill(), also with the handler installed twice.
+ * is not left blocked), and a probe of a range finds the page; a SIGBUS
+ * outside a guarded copy still kills, and so does one sent with kill(),
+ * also with the handler installed twice.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -37,6 +38,12 @@ guard_checks(void)
 	CHECK_EQ(kvp_guard_copy(m + page + 8, buf, sizeof(buf)), -EFAULT);
 	CHECK_EQ(kvp_guard_copy(buf, m + page, sizeof(buf)), -EFAULT);
 	CHECK_EQ(kvp_guard_copy(buf, m, sizeof(buf)), 0);
+	/* A probe finds a gone page wherever the range meets it, even by its last byte only. */
+	CHECK_EQ(kvp_guard_probe(m, (size_t)page), 0);
+	CHECK_EQ(kvp_guard_probe(m + 1, (size_t)page - 1), 0);
+	CHECK_EQ(kvp_guard_probe(m + 8, (size_t)page), -EFAULT);
+	CHECK_EQ(kvp_guard_probe(m + page + 100, 1), -EFAULT);
+	CHECK_EQ(kvp_guard_probe(m + page, 0), 0);
 	pid_t pid = fork();
 
 	if (pid == 0) {
