@@ -294,10 +294,12 @@ int kvp_cancel(struct kvp_client *c, uint64_t user_id);
  * land any more: at once, or when receives and RDMA writes already under way
  * have ended (bounded by the daemon's timeouts.peer_ms, after which it tears
  * down what it must). Its status is KVP_OK; KVP_ENOBUFS if the daemon's
- * fence table (limits.max_fences) was full, then nothing was fenced;
- * KVP_ETIMEDOUT if it could not be made to hold. The fence keeps refusing
- * matching transfers for @p hold_ms after the call (0: the daemon's
- * timeouts.fence_hold_ms), or until this client disconnects.
+ * fence table (limits.max_fences) or this client's share of it
+ * (limits.client_fences) was full, then nothing was fenced; KVP_EINVAL
+ * for a @p hold_ms above timeouts.fence_hold_max_ms; KVP_ETIMEDOUT if it
+ * could not be made to hold. The fence keeps refusing matching transfers
+ * for @p hold_ms after the call (0: the daemon's timeouts.fence_hold_ms),
+ * or until this client disconnects.
  *
  * @return 0; -EINVAL (NULL client or mask 0); -EAGAIN (submission ring
  *   full: reap completions and retry); -EPIPE if the daemon went away;

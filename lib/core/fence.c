@@ -40,6 +40,17 @@ chan_of(struct kvp_worker *w, uint32_t owner)
 	return ch && ch->id == owner ? ch : NULL;
 }
 
+/* Fences client @p owner holds on this worker (its own, not mirrors), in any state. */
+static uint32_t
+owned_by(const struct kvp_worker *w, uint32_t owner)
+{
+	uint32_t n = 0;
+
+	for (uint32_t i = 0; i < w->nfences; i++)
+		n += !w->fences[i].mirror && w->fences[i].owner == owner;
+	return n;
+}
+
 /* The node's other workers, a bit each. */
 static uint64_t
 others(const struct kvp_worker *w)
@@ -170,23 +181,38 @@ rings_have_room(const struct kvp_worker *w)
 	return true;
 }
 
+/* Why fence @p sqe cannot be set now (NULL: it can), and the status it then completes with. */
+static const char *
+refusal(const struct kvp_worker *w, const struct kvp_chan *ch, const struct kvp_sqe_fence *sqe,
+	int *status)
+{
+	*status = KVP_EINVAL; /* bad arguments */
+	if (sqe->mask == 0)
+		return "mask 0";
+	if (sqe->hold_ms > KVP_STAT_READ(w->cfg->fence_hold_max_ms))
+		return "hold_ms above timeouts.fence_hold_max_ms";
+	*status = KVP_ENOBUFS; /* a full table or ring may take it later */
+	if (w->nfences_own == w->cfg->max_fences)
+		return "fence table full (limits.max_fences)";
+	if (owned_by(w, ch->id) >= w->cfg->client_fences)
+		return "the client holds limits.client_fences already";
+	if (!rings_have_room(w))
+		return "no room to tell the other workers";
+	return NULL;
+}
+
 void
 fence_add(struct kvp_worker *w, struct kvp_chan *ch, const struct kvp_sqe_fence *sqe,
 	  uint64_t now)
 {
-	bool full = w->nfences_own == w->cfg->max_fences || !rings_have_room(w);
+	int status;
+	const char *why = refusal(w, ch, sqe, &status);
 
-	if (sqe->mask == 0 || full) {
-		int status = sqe->mask == 0 ? KVP_EINVAL : KVP_ENOBUFS;
-
+	if (why) {
 		if (status == KVP_ENOBUFS)
 			KVP_STAT_ADD(w->stats.fences_refused, 1);
-		KVP_LOG_RL(WARNING, core, "client %u: fence %" PRIu64 " refused: %s", ch->id,
-			   sqe->fence_id,
-			   status == KVP_EINVAL ? "mask 0"
-			   : w->nfences_own == w->cfg->max_fences
-				   ? "fence table full (limits.max_fences)"
-				   : "no room to tell the other workers");
+		KVP_LOG_RL(WARNING, core, "client %u: fence %" PRIu64 " (hold_ms %u) refused: %s",
+			   ch->id, sqe->fence_id, sqe->hold_ms, why);
 		post_fence(ch, sqe->fence_id, status, 0);
 		return;
 	}

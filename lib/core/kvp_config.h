@@ -73,6 +73,7 @@ struct kvp_config {
 	uint32_t max_segments;
 	uint32_t max_blocks; /**< blocks in one strided segment */
 	uint32_t max_fences; /**< fences held at once (per worker) */
+	uint32_t client_fences; /**< of them, one client's at most */
 	uint32_t sq_entries;
 	uint32_t cq_entries;
 
@@ -85,6 +86,7 @@ struct kvp_config {
 	uint32_t admin_timeout_ms; /**< an admin request line or reply must finish within this */
 	uint32_t admin_idle_ms;	   /**< an admin connection with nothing to do is closed after this */
 	uint32_t fence_hold_ms;	   /**< a fence refuses matching transfers this long by default */
+	uint32_t fence_hold_max_ms; /**< the longest hold a client may ask for */
 
 	bool busy_poll;
 	bool busy_poll_set; /**< poll.busy was given in the file (else cores = "auto" may choose it) */

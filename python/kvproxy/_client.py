@@ -634,8 +634,10 @@ class Client:
         fail with ``remote``). A ``fence`` completion with ``user_id ==
         fence_id`` follows once nothing of them can land any more (bounded by
         the daemon's ``timeouts.peer_ms``); its status is ``ok``, or
-        ``no-buffers`` when the daemon's fence table was full (nothing was
-        fenced), or ``timeout`` if it could not be made to hold.
+        ``no-buffers`` when the daemon's fence table or this client's share
+        of it (``limits.client_fences``) was full (nothing was fenced),
+        ``invalid`` for a hold above ``timeouts.fence_hold_max_ms``, or
+        ``timeout`` if it could not be made to hold.
 
         :param hold: seconds the fence keeps refusing matching transfers; None
             = the daemon's ``timeouts.fence_hold_ms``.

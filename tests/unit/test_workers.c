@@ -11,8 +11,9 @@
  * both workers' transports are clear, after any landing notice the other
  * worker sent before its clear, with the bytes the mirror refused; a mirror
  * that cannot clear is forced after timeouts.peer_ms and the fence says so;
- * expiry and a client that goes drop the mirrors; the fence table and a
- * full ring towards the other worker refuse a fence with no-buffers; a
+ * expiry and a client that goes drop the mirrors; the fence table, a
+ * client's share of it and a full ring towards the other worker refuse a
+ * fence with no-buffers, a hold above the longest allowed is invalid; a
  * landing notice that found that ring full is counted in the client's CQ
  * overflow once there is room, ahead of a fence's completion. A
  * peer added at run time is opened on both workers; removed, each worker
@@ -273,6 +274,22 @@ main(void)
 	CHECK_EQ(e.kind, KVP_CQE_FENCE);
 	CHECK_EQ(e.status, KVP_ENOBUFS);
 	CHECK_EQ(W(1)->stats.fences_refused, 1);
+	/* 4b. A hold above timeouts.fence_hold_max_ms is invalid; limits.client_fences caps a's share. */
+	node.cfg.client_fences = 1;
+	busy[0] = 0;
+	fence(&a, 510, 0x800, ~0xffull, node.cfg.fence_hold_max_ms + 1);
+	fence(&a, 511, 0x800, ~0xffull, 0);
+	fence(&a, 512, 0x900, ~0xffull, 0);
+	run(t3 + peer_ns + 3 * MS);
+	run(t3 + peer_ns + 4 * MS);
+	e = next_cqe(&a);
+	CHECK(e.kind == KVP_CQE_FENCE && e.user_id == 510 && e.status == KVP_EINVAL);
+	e = next_cqe(&a);
+	CHECK(e.kind == KVP_CQE_FENCE && e.user_id == 512 && e.status == KVP_ENOBUFS);
+	e = next_cqe(&a);
+	CHECK(e.kind == KVP_CQE_FENCE && e.user_id == 511 && e.status == KVP_OK);
+	CHECK_EQ(W(0)->stats.fences_refused, 1);
+	node.cfg.client_fences = 256;
 
 	/* 5. Expiry (timeouts.fence_hold_ms): both fences go, mirrors too. */
 	uint64_t later = t3 + (uint64_t)node.cfg.fence_hold_ms * MS + peer_ns + 10 * MS;
