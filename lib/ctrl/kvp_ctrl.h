@@ -165,17 +165,25 @@ struct kvp_peer {
 
 struct kvp_dns_box;
 
-/** Peers' host names, resolved one at a time on a thread of their own (peer_dns.c). */
-struct kvp_dns {
-	struct kvp_dns_box *box; /**< shared with the thread; NULL until the first name */
+/* Names resolved at once, a thread each: a resolver that never answers holds one. */
+#define KVP_DNS_THREADS 4
+
+/** One resolver thread and the name it resolves (peer_dns.c). */
+struct kvp_dns_slot {
+	struct kvp_dns_box *box; /**< shared with the thread; NULL until it is started */
 	pthread_t thread;
 	struct kvp_watch watch; /**< the box's eventfd: an answer is in */
-	bool busy;		/**< a name is being resolved */
-	bool stopped;		/**< the node stops: no more names */
+	bool busy;              /**< a name is being resolved */
 	uint16_t peer;		/**< whose, at its slot's generation gen */
 	uint8_t gen;
 	uint16_t port;
 	char host[64];
+};
+
+/** Peers' host names, resolved off the main lcore by up to KVP_DNS_THREADS threads. */
+struct kvp_dns {
+	struct kvp_dns_slot s[KVP_DNS_THREADS];
+	bool stopped; /**< the node stops: no more names */
 };
 
 /** An accepted peer connection whose HELLO has not arrived yet. */

@@ -280,7 +280,9 @@ kvp_node_init(struct kvp_node *n, const struct kvp_config *cfg,
 	n->start_ns = kvp_mono_ns();
 	n->client_lfd = n->admin_lfd = n->peer_lfd = n->lock_fd = n->stats_dfd = -1;
 	n->loop.epfd = n->loop.evfd = n->loop.spare_fd = -1;
-	n->jobs.evfd = n->jobs.watch.fd = n->dns.watch.fd = -1;
+	n->jobs.evfd = n->jobs.watch.fd = -1;
+	for (unsigned i = 0; i < KVP_DNS_THREADS; i++)
+		n->dns.s[i].watch.fd = -1;
 	n->client_lw.fd = n->admin_lw.fd = n->peer_lw.fd = -1;
 	for (unsigned i = 0; i < KVP_ADMIN_CONNS; i++)
 		n->admin[i].fd = -1;

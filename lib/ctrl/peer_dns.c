@@ -1,11 +1,12 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
  * Peers' host names, resolved off the main lcore (peer.c dials the
- * answer). A thread of its own, started with the first name, asks the
- * resolver one name at a time, so a resolver that never answers holds that
- * thread and the names behind it, never the main lcore. All it shares with the main lcore is a block of
- * its own (struct kvp_dns_box): at stop a thread still inside
- * getaddrinfo() is left to finish alone and frees the block itself, so a
+ * answer). Up to KVP_DNS_THREADS threads, started as names need them, ask
+ * the resolver one name each, so a resolver that never answers a name
+ * holds that name's thread, never the main lcore nor the other names
+ * (while a thread is free). All a thread shares with the main lcore is a
+ * block of its own (struct kvp_dns_box): at stop a thread still inside
+ * getaddrinfo() is left to finish alone and frees its block itself, so a
  * stop never waits for the resolver's timeout (glibc's: up to 5 s x 2
  * attempts x 3 servers). Answers come back through the block's eventfd.
  * With env.ctrl_inline (tests that drive the loop themselves) a name is
@@ -90,19 +91,19 @@ dns_thread(void *arg)
 	return NULL;
 }
 
-static void dns_answer(struct kvp_node *n, int rc, const struct sockaddr_storage *ss,
-		       socklen_t len);
+static void dns_answer(struct kvp_node *n, struct kvp_dns_slot *d, int rc,
+		       const struct sockaddr_storage *ss, socklen_t len);
 
 static void
 on_answer(struct kvp_node *n, void *arg, uint32_t events)
 {
-	struct kvp_dns_box *b = n->dns.box;
+	struct kvp_dns_slot *d = arg;
+	struct kvp_dns_box *b = d->box;
 	struct sockaddr_storage ss;
 	socklen_t len;
 	uint64_t v;
 	int rc;
 
-	(void)arg;
 	(void)events;
 	if (read(b->evfd, &v, sizeof(v)) < 0) {
 		/* EAGAIN: a previous pass took it. */
@@ -117,14 +118,13 @@ on_answer(struct kvp_node *n, void *arg, uint32_t events)
 	ss = b->ss;
 	len = b->len;
 	pthread_mutex_unlock(&b->lock);
-	dns_answer(n, rc, &ss, len);
+	dns_answer(n, d, rc, &ss, len);
 }
 
-/* The thread and its block, the first time a name needs them. @return 0, -errno */
+/* Slot @p d's thread and its block, the first time a name needs them. @return 0, -errno */
 static int
-dns_start(struct kvp_node *n)
+dns_start(struct kvp_node *n, struct kvp_dns_slot *d)
 {
-	struct kvp_dns *d = &n->dns;
 	struct kvp_dns_box *b = calloc(1, sizeof(*b));
 	int rc = -ENOMEM;
 
@@ -142,7 +142,7 @@ dns_start(struct kvp_node *n)
 	if (rc < 0)
 		goto fail;
 	pthread_setname_np(d->thread, "kvp-dns");
-	rc = loop_watch(n, &d->watch, b->evfd, EPOLLIN, on_answer, NULL);
+	rc = loop_watch(n, &d->watch, b->evfd, EPOLLIN, on_answer, d);
 	if (rc < 0) {
 		pthread_mutex_lock(&b->lock);
 		b->quit = true; /* idle: it leaves at once */
@@ -160,11 +160,11 @@ fail:
 	return rc;
 }
 
-/* The answer for the name in flight: dial it, unless the peer changed meanwhile. */
+/* The answer for slot @p d's name: dial it, unless the peer changed meanwhile. */
 static void
-dns_answer(struct kvp_node *n, int rc, const struct sockaddr_storage *ss, socklen_t len)
+dns_answer(struct kvp_node *n, struct kvp_dns_slot *d, int rc, const struct sockaddr_storage *ss,
+	   socklen_t len)
 {
-	struct kvp_dns *d = &n->dns;
 	struct kvp_peer *p = &n->peers[d->peer];
 
 	d->busy = false;
@@ -176,23 +176,55 @@ dns_answer(struct kvp_node *n, int rc, const struct sockaddr_storage *ss, sockle
 	peer_dns_next(n);
 }
 
+/* Peer @p i's name is with a thread already. */
+static bool
+dns_asked(const struct kvp_dns *dns, uint16_t i, uint8_t gen)
+{
+	for (unsigned k = 0; k < KVP_DNS_THREADS; k++)
+		if (dns->s[k].busy && dns->s[k].peer == i && dns->s[k].gen == gen)
+			return true;
+	return false;
+}
+
+/* A slot free to take a name: a started one first. NULL if all are busy. */
+static struct kvp_dns_slot *
+dns_free(struct kvp_dns *dns)
+{
+	struct kvp_dns_slot *fresh = NULL;
+
+	for (unsigned k = 0; k < KVP_DNS_THREADS; k++) {
+		struct kvp_dns_slot *d = &dns->s[k];
+
+		if (d->busy)
+			continue;
+		if (d->box)
+			return d;
+		if (!fresh)
+			fresh = d;
+	}
+	return fresh;
+}
+
 void
 peer_dns_next(struct kvp_node *n)
 {
-	struct kvp_dns *d = &n->dns;
+	struct kvp_dns *dns = &n->dns;
 
-	if (d->busy || d->stopped)
-		return;
-	for (uint16_t i = 0; i < n->cfg.max_peers; i++) {
+	for (uint16_t i = 0; i < n->cfg.max_peers && !dns->stopped; i++) {
 		const struct kvp_peer *p = &n->peers[i];
+		struct kvp_dns_slot *d;
 
-		if (p->slot_state != KVP_PS_ACTIVE || p->out_state != KVP_LINK_RESOLVING)
+		if (p->slot_state != KVP_PS_ACTIVE || p->out_state != KVP_LINK_RESOLVING ||
+		    dns_asked(dns, i, p->gen))
 			continue;
+		d = dns_free(dns);
+		if (!d)
+			return; /* the next answer asks again */
 		d->peer = i;
 		d->gen = p->gen;
 		d->port = p->port;
 		snprintf(d->host, sizeof(d->host), "%s", p->host);
-		int rc = n->env.ctrl_inline || d->box ? 0 : dns_start(n);
+		int rc = n->env.ctrl_inline || d->box ? 0 : dns_start(n, d);
 
 		if (rc < 0)
 			KVP_LOG_RL(WARNING, core,
@@ -204,7 +236,7 @@ peer_dns_next(struct kvp_node *n)
 			socklen_t len = 0;
 			d->busy = true;
 			rc = peer_resolve(d->host, d->port, false, false, &ss, &len);
-			dns_answer(n, rc, &ss, len); /* the next one, if any, from there */
+			dns_answer(n, d, rc, &ss, len); /* the next ones, if any, from there */
 			return;
 		}
 		struct kvp_dns_box *b = d->box;
@@ -216,18 +248,16 @@ peer_dns_next(struct kvp_node *n)
 		b->asked = true;
 		pthread_cond_signal(&b->cond);
 		pthread_mutex_unlock(&b->lock);
-		return;
 	}
 }
 
-void
-peer_dns_stop(struct kvp_node *n)
+/* Stop slot @p d's thread; one inside the resolver is left to finish alone. */
+static void
+dns_slot_stop(struct kvp_node *n, struct kvp_dns_slot *d)
 {
-	struct kvp_dns *d = &n->dns;
 	struct kvp_dns_box *b = d->box;
 	bool asking;
 
-	d->stopped = true;
 	if (!b)
 		return;
 	loop_unwatch(n, &d->watch);
@@ -246,4 +276,12 @@ peer_dns_stop(struct kvp_node *n)
 	}
 	pthread_join(d->thread, NULL);
 	box_free(b);
+}
+
+void
+peer_dns_stop(struct kvp_node *n)
+{
+	n->dns.stopped = true;
+	for (unsigned k = 0; k < KVP_DNS_THREADS; k++)
+		dns_slot_stop(n, &n->dns.s[k]);
 }

@@ -27,8 +27,9 @@
 #              followed; at exit only a socket at the name is removed
 #   dns        a peer's host name whose resolver never answers: the admin
 #              socket answers meanwhile (a thread resolves it), the peer
-#              shows "connecting", and SIGTERM stops the daemon at once
-#              instead of after the resolver's 60 s
+#              shows "connecting", another peer's name (answered) resolves
+#              and is dialled meanwhile, and SIGTERM stops the daemon at
+#              once instead of after the resolver's 60 s
 #   auth       both secrets, or none on a public address, are refused at
 #              start with FILE:LINE; auth = "none" starts with a warning
 #   check      --check without the EAL or hugepages (with and without "--"),
@@ -414,18 +415,32 @@ case_dns() {
 	ip netns add "$ns" || setup_fail "ip netns add $ns"
 	KVP_NETNS+=("$ns")
 	ip -n "$ns" link set lo up
-	solo_conf d0 'peers = ( { node_id = "far0"; addr = "far0.kvp-test.example:7400"; } );'
-	# A resolver that takes every query and never answers: each lookup blocks 60 s.
+	# far0's name is listed first; near0's is answered (127.0.0.1, where nothing listens).
+	solo_conf d0 "peers = ( { node_id = \"far0\"; addr = \"far0.kvp-test.example:7400\"; },
+	{ node_id = \"near0\"; addr = \"near0.kvp-test.example:$(free_port)\"; } );"
+	# A resolver that takes every query and answers only near0's: each far0 lookup blocks 60 s.
 	printf 'nameserver 127.0.0.1\noptions timeout:30 attempts:2\n' >"$KVP_TMP/resolv.conf"
 	cat >"$KVP_TMP/sink.py" <<PY
-import socket
+import socket, struct
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 s.bind(("127.0.0.1", 53))
 open("$KVP_TMP/sink.ready", "w").close()
 while True:
-    s.recvfrom(512)
+    q, peer = s.recvfrom(512)
+    labels, i = [], 12
+    while i < len(q) and q[i]:
+        labels.append(q[i + 1:i + 1 + q[i]].decode(errors="replace"))
+        i += 1 + q[i]
+    qtype = struct.unpack("!H", q[i + 1:i + 3])[0] if i + 3 <= len(q) else 0
+    name = ".".join(labels)
     with open("$KVP_TMP/dns.asked", "a") as f:
-        f.write("query\n")
+        f.write(f"query {name}\n")
+    if name.startswith("near0."):
+        question = q[12:i + 5]
+        a = qtype == 1  # A: 127.0.0.1; anything else: no records
+        hdr = q[:2] + struct.pack("!HHHHH", 0x8180, 1, 1 if a else 0, 0, 0)
+        ans = struct.pack("!HHHIH", 0xC00C, 1, 1, 60, 4) + bytes([127, 0, 0, 1]) if a else b""
+        s.sendto(hdr + question + ans, peer)
 PY
 	cat >"$KVP_TMP/dns.sh" <<SH
 set -u
@@ -433,19 +448,24 @@ mount --bind "$KVP_TMP/resolv.conf" /etc/resolv.conf || exit 99
 python3 "$KVP_TMP/sink.py" & spid=\$!
 for i in \$(seq 300); do [ -e "$KVP_TMP/sink.ready" ] && break; sleep 0.1; done
 "$KVPROXYD" ${KVP_EAL[*]} -- -c "$KVP_TMP/d0.conf" >"$KVP_TMP/d0.log" 2>&1 & pid=\$!
-for i in \$(seq 300); do [ -e "$KVP_TMP/dns.asked" ] && break; kill -0 \$pid 2>/dev/null || break; sleep 0.1; done
-# While the resolver sits on the query, the admin socket answers at once.
+for i in \$(seq 300); do grep -q far0 "$KVP_TMP/dns.asked" 2>/dev/null && break; kill -0 \$pid 2>/dev/null || break; sleep 0.1; done
+# While the resolver sits on far0's query, the admin socket answers at once.
 answered=0
 for i in 1 2 3 4 5; do
 	"$KVPROXYCTL" -s "$KVP_TMP/d0.admin" --timeout 1 status >/dev/null 2>&1 && answered=\$((answered + 1))
 done
-"$KVPROXYCTL" -s "$KVP_TMP/d0.admin" --timeout 5 --json peers >"$KVP_TMP/dns.peers" 2>&1
-# Stopped while the resolver still sits on the query: no wait for it (60 s).
+# ... and near0's name resolves and is dialled (refused: nothing listens there).
+for i in \$(seq 100); do
+	"$KVPROXYCTL" -s "$KVP_TMP/d0.admin" --timeout 5 --json peers >"$KVP_TMP/dns.peers" 2>&1
+	grep -q refused "$KVP_TMP/dns.peers" && break
+	sleep 0.1
+done
+# Stopped while the resolver still sits on far0's query: no wait for it (60 s).
 kill -TERM \$pid 2>/dev/null
 for i in \$(seq 100); do kill -0 \$pid 2>/dev/null || break; sleep 0.1; done
 kill -0 \$pid 2>/dev/null && { kill -KILL \$pid; echo "stop hung" >"$KVP_TMP/dns.hung"; }
 wait \$pid; st=\$?
-echo "asked \$(cat "$KVP_TMP/dns.asked" 2>/dev/null | wc -l) answered \$answered exit \$st" >"$KVP_TMP/dns.rc"
+echo "asked \$(grep -c far0 "$KVP_TMP/dns.asked" 2>/dev/null) near0 \$(grep -c near0 "$KVP_TMP/dns.asked" 2>/dev/null) answered \$answered exit \$st" >"$KVP_TMP/dns.rc"
 kill \$spid
 SH
 	ip netns exec "$ns" unshare -m --propagation private bash "$KVP_TMP/dns.sh" || rc=$?
@@ -458,8 +478,11 @@ SH
 	[[ $res =~ exit\ 0$ ]] || fail "kvproxyd did not stop cleanly ($res)"
 	[[ $(json_get "$KVP_TMP/dns.peers" 'peer("far0")["state"]') == connecting ]] ||
 		fail "far0 is not 'connecting' while its name resolves: $(cat "$KVP_TMP/dns.peers")"
+	[[ $res =~ near0\ [1-9] ]] || fail "near0's name was never asked while far0's was stuck ($res)"
+	[[ $(json_get "$KVP_TMP/dns.peers" 'peer("near0")["last_error"]') == *refused* ]] ||
+		fail "near0 was not dialled while far0's name was stuck: $(cat "$KVP_TMP/dns.peers")"
 	grep -q 'peer names: not waiting for the resolver' "$KVP_TMP/d0.log" || fail "the stop did not say it left the resolver"
-	log "dns: 5 of 5 admin calls answered while the resolver sat on far0's name; the stop did not wait for it"
+	log "dns: 5 of 5 admin calls answered and near0 resolved and dialled while the resolver sat on far0's name; the stop did not wait for it"
 }
 
 # ---- auth: refused at start unless safe or explicitly unauthenticated ----
