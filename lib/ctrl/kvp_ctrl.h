@@ -173,7 +173,7 @@ struct kvp_dns_slot {
 	struct kvp_dns_box *box; /**< shared with the thread; NULL until it is started */
 	pthread_t thread;
 	struct kvp_watch watch; /**< the box's eventfd: an answer is in */
-	bool busy;              /**< a name is being resolved */
+	bool busy;		/**< a name is being resolved */
 	uint16_t peer;		/**< whose, at its slot's generation gen */
 	uint8_t gen;
 	uint16_t port;
