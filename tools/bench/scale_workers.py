@@ -13,6 +13,12 @@ verify every byte.
 clients pinned one per CPU of the given lists when taskset exists); prints
 one JSON line: GB/s of the sum, CPU seconds of all iperf3 processes per GB.
 
+``stream``: W plain TCP streams at once (``kvp-tcp-stream``), each moving
+SIZE / W distinct bytes from a buffer of that size into another (the
+footprint of one kvproxy client pair: iperf3 resends one hot 128 KiB
+buffer), pinned as iperf3 is; prints one JSON line: GB/s of the sum, CPU
+seconds per GB.
+
 ``report``: the table, the JSON file and the PNG chart from the JSON lines.
 
 Standard library only (matplotlib for the chart, when present).
@@ -219,6 +225,47 @@ def run_iperf(a: argparse.Namespace) -> Dict:
             "cpu_s": cpu, "cpu_s_per_gb": cpu / (nbytes / 1e9) if nbytes else None}
 
 
+def run_stream(a: argparse.Namespace) -> Dict:
+    w = a.workers
+    per = a.size // w
+    ccpus = a.client_cpus.split(",") if a.client_cpus else []
+    scpus = a.server_cpus.split(",") if a.server_cpus else []
+    ports = []
+    for _ in range(w):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            ports.append(s.getsockname()[1])
+    r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    sinks: List[subprocess.Popen] = []
+    try:
+        for i, port in enumerate(ports):
+            sinks.append(subprocess.Popen(
+                pinned([a.stream, "sink", "--addr", f"127.0.0.1:{port}", "--span", str(per)],
+                       scpus[i % len(scpus)] if scpus else None),
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        # A source retries its connect until its sink listens (10 s).
+        srcs = [subprocess.Popen(
+            pinned([a.stream, "source", "--addr", f"127.0.0.1:{port}", "--span", str(per), "--total", str(per),
+                    "--warmup", str(min(per, 256 << 20)), "--json"], ccpus[i % len(ccpus)] if ccpus else None),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i, port in enumerate(ports)]
+        gbps = 0.0
+        for c in srcs:
+            out, err = c.communicate(timeout=600)
+            if c.returncode != 0:
+                raise RuntimeError(f"kvp-tcp-stream source failed: {err[-500:]}")
+            gbps += json.loads(next(l for l in out.splitlines() if l.startswith("{")))["gbps"]
+    finally:
+        for s in sinks:
+            if s.poll() is None:
+                s.kill()
+            s.wait()
+    r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
+    moved = per * w + min(per, 256 << 20) * w
+    return {"kind": "stream", "workers": w, "rep": a.rep, "bytes": per * w, "gbytes_per_s": gbps / 8,
+            "cpu_s": cpu, "cpu_s_per_gb": cpu / (moved / 1e9)}
+
+
 SERIES = [("host", 4194304, "host 4 MiB blocks"), ("host", 65536, "host 64 KiB pages"),
           ("gpu", 4194304, "GPU 4 MiB blocks"), ("gpu", 65536, "GPU 64 KiB pages")]
 
@@ -246,6 +293,16 @@ def report(a: argparse.Namespace) -> int:
                                    "cpu_s_per_gb": cpu, "samples": [r["gbytes_per_s"] for r in ip]})
         else:
             print("%-3d %-22s %10s" % (w, "iperf3", "skipped"))
+        st = [r for r in rows if r["kind"] == "stream" and r["workers"] == w]
+        stb = max((r["gbytes_per_s"] for r in st), default=None)
+        if st:
+            med = statistics.median(r["gbytes_per_s"] for r in st)
+            cpu = statistics.median(r["cpu_s_per_gb"] for r in st)
+            print("%-3d %-22s %10.2f %10.2f %9.2f %9.3f   (x stream 1.00)" % (
+                w, f"TCP {w} x 1, same bytes", stb, med, stb / ipb if ipb else 0, cpu))
+            out["figures"].append({"workers": w, "series": "stream", "gbytes_per_s": stb,
+                                   "median_gbytes_per_s": med, "ratio_iperf3": stb / ipb if ipb else None,
+                                   "cpu_s_per_gb": cpu, "samples": [r["gbytes_per_s"] for r in st]})
         for mode, seg, name in SERIES:
             rs = [r for r in rows if r["kind"] == "kvproxy" and r["workers"] == w and r["mode"] == mode
                   and r["seg"] == seg]
@@ -258,11 +315,14 @@ def report(a: argparse.Namespace) -> int:
             host = [r for r in rows if r["kind"] == "kvproxy" and r["workers"] == w and r["mode"] == "host"
                     and r["seg"] == seg]
             vs_host = best / max(r["gbytes_per_s"] for r in host) if mode == "gpu" and host else None
-            print("%-3d %-22s %10.2f %10.2f %9s %9.3f%s" % (
+            vs_stream = best / stb if stb else None
+            print("%-3d %-22s %10.2f %10.2f %9s %9.3f%s%s" % (
                 w, name, best, med, f"{ratio:.2f}" if ratio else "-", cpu,
+                f"   (x stream {vs_stream:.2f})" if vs_stream else "",
                 f"   GPU/host {vs_host:.2f}" if vs_host else ""))
             out["figures"].append({"workers": w, "series": name, "mode": mode, "seg": seg,
                                    "gbytes_per_s": best, "median_gbytes_per_s": med, "ratio_iperf3": ratio,
+                                   "ratio_stream": vs_stream,
                                    "ratio_gpu_host": vs_host, "cpu_s_per_gb": cpu,
                                    "samples": [r["gbytes_per_s"] for r in rs],
                                    "placement": rs[0].get("placement")})
@@ -287,13 +347,14 @@ def chart(out: Dict, path: str) -> None:
         print("no matplotlib here: no chart (apt-get install python3-matplotlib, or pip install matplotlib)")
         return
     fig, ax = plt.subplots(figsize=(7, 4.2))
-    styles = {"iperf3": ("k", "--", "o"), "host 4 MiB blocks": ("tab:blue", "-", "s"),
+    styles = {"iperf3": ("k", "--", "o"), "stream": ("tab:gray", "-.", "d"), "host 4 MiB blocks": ("tab:blue", "-", "s"),
               "host 64 KiB pages": ("tab:blue", ":", "^"), "GPU 4 MiB blocks": ("tab:green", "-", "s"),
               "GPU 64 KiB pages": ("tab:green", ":", "^")}
     for name, (col, ls, mk) in styles.items():
         pts = sorted((f["workers"], f["gbytes_per_s"]) for f in out["figures"] if f["series"] == name)
         if pts:
-            label = "iperf3, W processes x 1 stream" if name == "iperf3" else "kvproxy " + name
+            label = {"iperf3": "iperf3, W processes x 1 stream",
+                     "stream": "W TCP streams, kvproxy's bytes"}.get(name, "kvproxy " + name)
             ax.plot([p[0] for p in pts], [p[1] for p in pts], color=col, linestyle=ls, marker=mk, label=label)
     ax.set_xlabel("worker lcores per kvproxyd (W)")
     ax.set_ylabel("GB/s")
@@ -332,6 +393,13 @@ def main() -> int:
     i.add_argument("--rep", type=int, default=0)
     i.add_argument("--client-cpus")
     i.add_argument("--server-cpus")
+    t = sub.add_parser("stream")
+    t.add_argument("--workers", type=int, required=True)
+    t.add_argument("--size", type=int, required=True)
+    t.add_argument("--stream", required=True)
+    t.add_argument("--rep", type=int, default=0)
+    t.add_argument("--client-cpus")
+    t.add_argument("--server-cpus")
     p = sub.add_parser("report")
     p.add_argument("--results", required=True)
     p.add_argument("--size", type=int, required=True)
@@ -342,7 +410,7 @@ def main() -> int:
     a = ap.parse_args()
     if a.cmd == "report":
         return report(a)
-    res = run_figure(a) if a.cmd == "run" else run_iperf(a)
+    res = run_figure(a) if a.cmd == "run" else run_stream(a) if a.cmd == "stream" else run_iperf(a)
     print(json.dumps(res), flush=True)
     return 0
 

@@ -6,13 +6,17 @@
 # together (one pair per worker: clients go to the worker with the fewest),
 # host memory to host memory and GPU memory to GPU memory (through the
 # staging pool), in 4 MiB blocks and 64 KiB KV pages; in the same run,
-# interleaved, iperf3 with W processes x 1 stream over loopback. Reports
-# GB/s (best and median of --reps), the ratio to iperf3 at that W, GPU over
-# host, and the CPU seconds both daemons (or all iperf3 processes) spent per
-# GB; writes the figures as JSON and a PNG chart (matplotlib).
+# interleaved, iperf3 with W processes x 1 stream over loopback (a hot
+# buffer resent), and W plain TCP streams of the same distinct bytes as
+# kvproxy's W client pairs (kvp-tcp-stream, pinned as iperf3 is). Reports
+# GB/s (best and median of --reps), the ratios to iperf3 and to the plain
+# streams at that W, GPU over host, and the CPU seconds both daemons (or
+# all iperf3 / stream processes) spent per GB; writes the figures as JSON
+# and a PNG chart (matplotlib).
 #
 #   tools/bench/scale_workers.sh [BUILD_DIR] [--workers 1,2,4,6] [--size BYTES] [--reps N]
-#       [--json FILE] [--png FILE] [--no-gpu] [--no-host] [--no-iperf] [--conf 'EXTRA CONFIG']
+#       [--json FILE] [--png FILE] [--no-gpu] [--no-host] [--no-iperf] [--no-stream]
+#       [--conf 'EXTRA CONFIG']
 #
 # CPUs: each daemon's main and worker lcores get CPUs of their own, in
 # order from this process's affinity (prefill0 first, then decode0); the
@@ -34,6 +38,7 @@ PNG_OUT=""
 GPU=1
 HOST=1
 IPERF=1
+STREAM=1
 EXTRA_CONF=""
 while [[ $# -gt 0 ]]; do
 	case $1 in
@@ -45,8 +50,9 @@ while [[ $# -gt 0 ]]; do
 	--no-gpu) GPU=0; shift ;;
 	--no-host) HOST=0; shift ;;
 	--no-iperf) IPERF=0; shift ;;
+	--no-stream) STREAM=0; shift ;;
 	--conf) EXTRA_CONF=$2; shift 2 ;;
-	-h | --help) sed -n 3,25p "$0"; exit 0 ;;
+	-h | --help) sed -n 3,29p "$0"; exit 0 ;;
 	*) BUILD=$(cd "$1" && pwd); shift ;;
 	esac
 done
@@ -79,6 +85,11 @@ fi
 if [[ $IPERF == 1 ]] && ! command -v iperf3 >/dev/null; then
 	note "iperf3 reference skipped: iperf3 is not installed (apt-get install iperf3); no ratios"
 	IPERF=0
+fi
+TCP_STREAM=$BUILD/tools/bench/kvp-tcp-stream
+if [[ $STREAM == 1 && ! -x $TCP_STREAM ]]; then
+	note "plain-stream reference skipped: $TCP_STREAM was not built"
+	STREAM=0
 fi
 command -v taskset >/dev/null || note "taskset missing: clients and iperf3 run unpinned"
 [[ $HOST == 1 || $GPU == 1 ]] || setup_fail "nothing to measure (--no-host and no GPU)"
@@ -145,6 +156,11 @@ for W in "${WORKERS[@]}"; do
 			"$PY" "$HELPER" iperf --workers "$W" --rep "$r" --client-cpus "$(join "${pw[@]}")" \
 				--server-cpus "$(join "${dw[@]}")" | tee -a "$RESULTS" >&2 ||
 				fail "iperf3 with $W processes failed"
+		fi
+		if [[ $STREAM == 1 ]]; then
+			"$PY" "$HELPER" stream --workers "$W" --size "$SIZE" --stream "$TCP_STREAM" --rep "$r" \
+				--client-cpus "$(join "${pw[@]}")" --server-cpus "$(join "${dw[@]}")" |
+				tee -a "$RESULTS" >&2 || fail "$W plain TCP streams failed"
 		fi
 		for mode in host gpu; do
 			[[ $mode == host && $HOST == 1 || $mode == gpu && $GPU == 1 ]] || continue
