@@ -421,11 +421,7 @@ on_ack(struct tcp_ctx *t, struct tcp_conn *c, const struct kvp_wire_hdr *h)
 		}
 		return;
 	}
-	/*
-	 * A stale tag is a transfer that already ended (cancelled, timed out).
-	 * TX_FRAMED is fine: the ACK can overtake the completion of the send
-	 * that carried END, and the peer has every byte by now.
-	 */
+	/* A stale tag is a transfer that already ended (cancelled, timed out). */
 	if (x && x->t_state == TX_DRAIN) {
 		x->t_acked = true; /* its last frame's ACK overtook that frame's send completion */
 		return;
@@ -433,11 +429,29 @@ on_ack(struct tcp_ctx *t, struct tcp_conn *c, const struct kvp_wire_hdr *h)
 	if (!x || (x->t_state != TX_WAIT_ACK && x->t_state != TX_FRAMED))
 		return;
 	x->ts[KVP_TS_ACKED] = kvp_mono_ns();
-	if (!x->ts[KVP_TS_POSTED])
+	if (x->t_state == TX_FRAMED) {
+		/*
+		 * The ACK overtook the completion of the send that carried END,
+		 * or a peer acknowledged what it cannot have had: either way
+		 * the transfer ends once its END is the kernel's
+		 * (tcp_ack_posted()), so that no frame of it still queued
+		 * reads a region its end lets go.
+		 */
+		x->t_acked = true;
+		x->status = h->aux == KVP_OK ? KVP_OK : KVP_EREMOTE;
+		return;
+	}
+	tcp_ack_posted(t, x, h->aux == KVP_OK ? KVP_OK : KVP_EREMOTE);
+}
+
+void
+tcp_ack_posted(struct tcp_ctx *t, struct kvp_xfer *x, int status)
+{
+	if (!x->ts[KVP_TS_POSTED] || x->ts[KVP_TS_POSTED] > x->ts[KVP_TS_ACKED])
 		x->ts[KVP_TS_POSTED] = x->ts[KVP_TS_ACKED];
 	if (!x->ts[KVP_TS_FIRST])
 		x->ts[KVP_TS_FIRST] = x->ts[KVP_TS_POSTED];
-	kvp_worker_xfer_end(t->w, x, h->aux == KVP_OK ? KVP_OK : KVP_EREMOTE);
+	kvp_worker_xfer_end(t->w, x, status);
 }
 
 /* Check a header against the wire rules and this connection's direction; fails it if bad. */

@@ -382,6 +382,8 @@ frame_release(struct tcp_ctx *t, struct tx_frame *f, uint64_t now)
 	if (f->hdr.type == KVP_W_END && x->t_state == TX_FRAMED) {
 		x->ts[KVP_TS_POSTED] = now;
 		x->t_state = TX_WAIT_ACK;
+		if (x->t_acked)
+			tcp_ack_posted(t, x, x->status); /* its ACK came first */
 	} else if (x->t_state == TX_DRAIN && x->t_frames == 0) {
 		bool last = f->hdr.type == KVP_W_END ||
 			    (f->hdr.type == KVP_W_ABORT && (f->hdr.rsvd & KVP_ABORT_F_ACK));
@@ -495,6 +497,41 @@ release_to(struct tcp_ctx *t, struct tcp_conn *c, uint32_t end, uint64_t now)
 		frame_release(t, frame_at(c, c->tx_zc), now);
 }
 
+/*
+ * x's frames not yet handed to the kernel are dropped: a DATA frame shrinks
+ * to a header-only ABORT (no payload read, the stream stays framed), END
+ * becomes the ABORT the receiver acknowledges. A partly sent frame (tx_done
+ * with tx_partial) stays whole.
+ */
+static void
+abort_unsent(struct tcp_ctx *t, struct tcp_conn *c, struct kvp_xfer *x)
+{
+	uint32_t from = c->tx_head;
+
+	if (from == c->tx_done && c->tx_partial)
+		from++;
+	for (uint32_t i = from; i != c->tx_tail; i++) {
+		struct tx_frame *f = frame_at(c, i);
+
+		if (f->xfer != x->idx || f->hdr.tag != kvp_xfer_tag(x))
+			continue;
+		if (is_data(f->hdr.type)) {
+			frame_unstage(t, f);
+			c->unsent -= f->hdr.len;
+			c->framed -= f->hdr.len;
+			f->payload = NULL;
+			f->nblk = 0;
+			f->pad = false;
+			f->hdr.type = KVP_W_ABORT;
+			f->hdr.len = 0;
+			f->hdr.aux2 = f->hdr.rsvd = 0;
+		} else if (f->hdr.type == KVP_W_END) {
+			f->hdr.type = KVP_W_ABORT;
+			f->hdr.rsvd = KVP_ABORT_F_ACK;
+		}
+	}
+}
+
 /* The source segment of @p x whose bytes are at @p p (0 if none is: a reused slot). */
 static uint32_t
 seg_at(const struct kvp_xfer *x, const uint8_t *p)
@@ -534,16 +571,17 @@ send_fault(struct tcp_ctx *t, struct tcp_conn *c)
 		/* Staged and control payloads are the daemon's own memory. */
 		if (!is_data(f->hdr.type) || f->stage >= 0 || !f->payload || f->xfer == NO_XFER)
 			continue;
+		struct kvp_xfer *x = &t->w->xfers[f->xfer];
+
+		/* A frame outliving its transfer may point at a mapping gone: never read it. */
+		if (x->state != KVP_XS_ACTIVE || kvp_xfer_tag(x) != f->hdr.tag)
+			return false;
 		uint32_t n = payload_iov(f, sent > hlen ? sent - hlen : 0, c->iov);
 
 		for (uint32_t k = 0; k < n && !gone; k++)
 			gone = kvp_guard_probe(c->iov[k].iov_base, c->iov[k].iov_len) < 0;
 		if (!gone)
 			continue;
-		struct kvp_xfer *x = &t->w->xfers[f->xfer];
-
-		if (x->state != KVP_XS_ACTIVE || kvp_xfer_tag(x) != f->hdr.tag)
-			return false;
 		KVP_LOG_RL(ERR, tcp,
 			   "peer %u: transfer %" PRIu64 ": source memory gone (a hole punched in "
 			   "its region's file): it fails, the link goes on",
@@ -558,6 +596,8 @@ send_fault(struct tcp_ctx *t, struct tcp_conn *c)
 			f->nblk = 0;
 		}
 		tcp_tx_cancel(t, c, x, KVP_EINVAL);
+		/* Cancelled while this gather was in flight (TX_DRAIN): its frames here are still DATA. */
+		abort_unsent(t, c, x);
 		return true;
 	}
 	return false;
@@ -684,34 +724,7 @@ tcp_tx_cancel(struct tcp_ctx *t, struct tcp_conn *c, struct kvp_xfer *x, int sta
 	default:
 		return;
 	}
-	/*
-	 * Frames not yet handed to the kernel are dropped; END becomes ABORT.
-	 * A partly sent frame (tx_done with tx_partial) stays whole.
-	 */
-	uint32_t from = c->tx_head;
-	if (from == c->tx_done && c->tx_partial)
-		from++;
-	for (uint32_t i = from; i != c->tx_tail; i++) {
-		struct tx_frame *f = frame_at(c, i);
-
-		if (f->xfer != x->idx || f->hdr.tag != kvp_xfer_tag(x))
-			continue;
-		if (is_data(f->hdr.type)) {
-			/* Shrinks to a header-only ABORT: no payload read, stream stays framed. */
-			frame_unstage(t, f);
-			c->unsent -= f->hdr.len;
-			c->framed -= f->hdr.len;
-			f->payload = NULL;
-			f->nblk = 0;
-			f->pad = false;
-			f->hdr.type = KVP_W_ABORT;
-			f->hdr.len = 0;
-			f->hdr.aux2 = f->hdr.rsvd = 0;
-		} else if (f->hdr.type == KVP_W_END) {
-			f->hdr.type = KVP_W_ABORT;
-			f->hdr.rsvd = KVP_ABORT_F_ACK;
-		}
-	}
+	abort_unsent(t, c, x);
 	if (x->t_state == TX_DRAIN && x->t_frames == 0)
 		kvp_worker_xfer_end(w, x, x->status);
 }

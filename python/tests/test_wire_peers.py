@@ -5,6 +5,9 @@
 - An ACK for a transfer that went to another peer ends nothing: it is
   counted as a bad frame of the peer that sent it, and the transfer ends when
   its own peer ACKs it.
+- An ACK that comes before the transfer's END was sent (the peer claims
+  bytes it cannot have had) does not end it while its frames are queued
+  (their region could go with its end): it ends once END is sent.
 - A second inbound link of a number that is up is refused and the live one
   stays up (it answers PINGs, the peer still shows inbound).
 - A node id with a newline (a forged log line) is refused and never reaches
@@ -37,6 +40,7 @@ import kvproxy  # noqa: E402
 
 
 PENDING_MAX = 64  # KVP_PENDING_MAX: peer handshakes under way at once
+BIG = 24 << 20  # one DATA frame (tcp.frame_max 32 MiB): framed at once, with its END
 
 
 class WirePeersTest(unittest.TestCase):
@@ -45,7 +49,7 @@ class WirePeersTest(unittest.TestCase):
         cls.tmp = Path(tempfile.mkdtemp(prefix="kvp-wire-peers."))
         tb.log(f"temp dir {cls.tmp}")
         (port,) = tb.free_ports(1)
-        cls.node = tb.Daemon(cls.tmp, "nodeA", port, None, 0, "accept_unknown_peers = true; tcp = { connections = 1; };",
+        cls.node = tb.Daemon(cls.tmp, "nodeA", port, None, 0, "accept_unknown_peers = true; tcp = { connections = 1; frame_max = 33554432; };",
                              "peer_ms = 5000; connect_ms = 5000;")
         tb.STARTED.append(cls.node)
         cls.node.start()
@@ -53,11 +57,14 @@ class WirePeersTest(unittest.TestCase):
         cls.client = kvproxy.Client(cls.node.sock)
         cls.buf = kvproxy.HostBuffer(1 << 16)
         cls.reg = cls.client.register(cls.buf)
+        cls.big = kvproxy.HostBuffer(BIG)
+        cls.big_reg = cls.client.register(cls.big)
 
     @classmethod
     def tearDownClass(cls) -> None:
         cls.client.close()
         cls.buf.close()
+        cls.big.close()
         tb.stop_and_clean(cls.tmp, (cls.node,))
 
     def peer_row(self, node_id: str) -> dict:
@@ -84,6 +91,20 @@ class WirePeersTest(unittest.TestCase):
         self.assertEqual(early, [], "an ACK from fakeP ended a transfer sent to fakeQ")
         q.ack_on_every_link(tag)
         self.assertEqual(tb.wait_for(self.client, tb.done_of(2), 15).status_name, "ok")
+
+    def test_ack_before_end(self) -> None:
+        # A small receive buffer: the kernel takes part of the DATA frame, END waits behind it.
+        node = wp.FakeNode("fakeE", ack=False, early_ack=True, rcvbuf=64 << 10)
+        self.addCleanup(node.close)
+        to = self.client.peer(f"127.0.0.1:{node.port}")
+        self.client.submit(to, [(self.big_reg.key, 0, 0x9abc, 0, BIG)], 3, timeout=30)
+        self.assertIsNotNone(node.wait_early_ack(), "fakeE saw no DATA")
+        # fakeE reads nothing more: the END cannot have left, so nothing may end the transfer.
+        early = [c for c in self.client.wait(timeout=0.5) if c.user_id == 3]
+        self.assertEqual(early, [], "an ACK ended a transfer whose frames were still queued")
+        node.resume()
+        self.assertEqual(tb.wait_for(self.client, tb.done_of(3), 30).status_name, "ok")
+        self.assertIsNotNone(node.wait_end(1), "the transfer ended before its END was sent")
 
     def test_peer_by_host_name(self) -> None:
         """A name (not an address) is resolved on a helper thread; the dial then goes on."""

@@ -3,7 +3,8 @@
 that need a peer to misbehave on purpose: unauthenticated handshakes only.
 
 FakeNode listens like a kvproxyd (answers HELLO, PINGs, and ENDs with an ACK
-when told to) and records the DATA/END tags it saw; pause() stops it reading
+when told to, or a transfer's first DATA frame with an ACK and a pause:
+``early_ack``) and records the END tags it saw; pause() stops it reading
 (its links' bytes back up into the sender), optionally vouching for the wait
 as a kvproxyd waiting for a staging buffer does. dial() opens a link to a
 kvproxyd as a named node would.
@@ -71,9 +72,12 @@ def dial(port: int, node_id: bytes, link: int = 0, links: int = 1, timeout: floa
 class FakeNode:
     """A peer node kvproxyd dials: one thread per link it opens."""
 
-    def __init__(self, node_id: str, ack: bool = True) -> None:
+    def __init__(self, node_id: str, ack: bool = True, early_ack: bool = False,
+                 rcvbuf: Optional[int] = None) -> None:
         self.node_id = node_id.encode()
         self.ack = ack
+        self.early_ack = early_ack
+        self.acked_early: List[int] = []  # tags acknowledged on their first DATA frame
         self.lock = threading.Lock()
         self.cond = threading.Condition(self.lock)
         self.links: List[socket.socket] = []
@@ -81,6 +85,8 @@ class FakeNode:
         self.reading = threading.Event()
         self.reading.set()
         self.ls = socket.socket()
+        if rcvbuf:
+            self.ls.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)  # links inherit it
         self.ls.bind(("127.0.0.1", 0))
         self.ls.listen(16)
         self.port = self.ls.getsockname()[1]
@@ -107,7 +113,17 @@ class FakeNode:
                 self.links.append(c)
             while True:
                 self.reading.wait()
-                (_, _, ftype, _, tag, _, _, _, _, _), _ = read_frame(c)
+                _, _, ftype, length, tag, _, _, _, _, _ = HDR.unpack(recv_exact(c, HDR.size))
+                if ftype == DATA and self.early_ack and tag not in self.acked_early:
+                    # Claims every byte on seeing the header, then stops reading.
+                    self.reading.clear()
+                    self.send(c, frame(ACK, 0, tag))
+                    with self.cond:
+                        self.acked_early.append(tag)
+                        self.cond.notify_all()
+                    self.reading.wait()
+                if length:
+                    recv_exact(c, length)
                 if ftype == PING:
                     self.send(c, frame(PONG, 0, tag))
                 elif ftype == END:
@@ -146,6 +162,12 @@ class FakeNode:
         with self.cond:
             self.cond.wait_for(lambda: len(self.ends) >= count, timeout)
             return self.ends[count - 1] if len(self.ends) >= count else None
+
+    def wait_early_ack(self, timeout: float = 10.0) -> Optional[int]:
+        """The tag of the first transfer acknowledged early, once it was (None after @p timeout)."""
+        with self.cond:
+            self.cond.wait_for(lambda: self.acked_early, timeout)
+            return self.acked_early[0] if self.acked_early else None
 
     def ack_on_every_link(self, tag: int, status: int = 0) -> None:
         with self.cond:
