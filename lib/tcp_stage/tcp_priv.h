@@ -324,7 +324,7 @@ bool tcp_queue_frame(struct tcp_conn *c, const struct kvp_wire_hdr *h, const voi
 int tcp_fill_tx(struct tcp_ctx *t, struct tcp_conn *c);
 int tcp_start_send(struct tcp_ctx *t, struct tcp_conn *c);
 void tcp_send_done(struct tcp_ctx *t, struct tcp_conn *c, int res, bool zc_held);
-/* x's ACK is in and its END the kernel's: it ends with @p status (tcp_rx.c). */
+/* x's ACK is in and its END the kernel's: it ends with @p status. */
 void tcp_ack_posted(struct tcp_ctx *t, struct kvp_xfer *x, int status);
 void tcp_zc_notif(struct tcp_ctx *t, struct tcp_conn *c, uint32_t seq, bool copied);
 void tcp_tx_cancel(struct tcp_ctx *t, struct tcp_conn *c, struct kvp_xfer *x, int status);

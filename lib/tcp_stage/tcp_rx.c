@@ -444,16 +444,6 @@ on_ack(struct tcp_ctx *t, struct tcp_conn *c, const struct kvp_wire_hdr *h)
 	tcp_ack_posted(t, x, h->aux == KVP_OK ? KVP_OK : KVP_EREMOTE);
 }
 
-void
-tcp_ack_posted(struct tcp_ctx *t, struct kvp_xfer *x, int status)
-{
-	if (!x->ts[KVP_TS_POSTED] || x->ts[KVP_TS_POSTED] > x->ts[KVP_TS_ACKED])
-		x->ts[KVP_TS_POSTED] = x->ts[KVP_TS_ACKED];
-	if (!x->ts[KVP_TS_FIRST])
-		x->ts[KVP_TS_FIRST] = x->ts[KVP_TS_POSTED];
-	kvp_worker_xfer_end(t->w, x, status);
-}
-
 /* Check a header against the wire rules and this connection's direction; fails it if bad. */
 static bool
 hdr_ok(struct tcp_ctx *t, struct tcp_conn *c, const struct kvp_wire_hdr *h)

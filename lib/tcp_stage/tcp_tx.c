@@ -359,6 +359,16 @@ frame_wire(struct tcp_ctx *t, struct tcp_conn *c, const struct tx_frame *f)
 	KVP_STAT_ADD(ps->tx_frames, 1);
 }
 
+void
+tcp_ack_posted(struct tcp_ctx *t, struct kvp_xfer *x, int status)
+{
+	if (!x->ts[KVP_TS_POSTED] || x->ts[KVP_TS_POSTED] > x->ts[KVP_TS_ACKED])
+		x->ts[KVP_TS_POSTED] = x->ts[KVP_TS_ACKED];
+	if (!x->ts[KVP_TS_FIRST])
+		x->ts[KVP_TS_FIRST] = x->ts[KVP_TS_POSTED];
+	kvp_worker_xfer_end(t->w, x, status);
+}
+
 /* The kernel let go of frame @p f's memory: its staging buffer goes back, its transfer goes on. */
 static void
 frame_release(struct tcp_ctx *t, struct tx_frame *f, uint64_t now)
