@@ -89,6 +89,14 @@ def pinned(cmd: List[str], cpus: Optional[str]) -> List[str]:
     return cmd
 
 
+def kill_all(procs: Sequence[subprocess.Popen]) -> None:
+    """Kill the ones still running and reap every one (their CPU time then counts as the children's)."""
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+        p.wait()
+
+
 def run_figure(a: argparse.Namespace) -> Dict:
     tmp = Path(a.tmp)
     w, size = a.workers, a.size
@@ -157,10 +165,7 @@ def run_figure(a: argparse.Namespace) -> Dict:
             if p.returncode != 0 or not ok:
                 raise RuntimeError(f"decode client {i} did not verify its bytes: {out[-2000:]}")
     finally:
-        for p in decs + pres:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+        kill_all(decs + pres)
     starts, ends = [], []
     for out in outs:
         text = out.read_text()
@@ -181,27 +186,42 @@ def run_figure(a: argparse.Namespace) -> Dict:
             "cpu_s_per_gb": (cpu1 - cpu0) / (total / 1e9), "placement": placed}
 
 
-def run_iperf(a: argparse.Namespace) -> Dict:
-    w = a.workers
-    ccpus = a.client_cpus.split(",") if a.client_cpus else []
-    scpus = a.server_cpus.split(",") if a.server_cpus else []
+def free_ports(n: int) -> List[int]:
+    """@p n loopback ports free now (bound and let go)."""
     ports = []
-    servers = []
-    for i in range(w):
+    for _ in range(n):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             ports.append(s.getsockname()[1])
-    r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ports
+
+
+def nth_cpu(cpus: Optional[str], i: int) -> Optional[str]:
+    """The i-th CPU of a comma list, round robin (None: no list, unpinned)."""
+    lst = cpus.split(",") if cpus else []
+    return lst[i % len(lst)] if lst else None
+
+
+def children_cpu_s() -> float:
+    """CPU seconds (user + system) of this process's waited-for children so far."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def run_iperf(a: argparse.Namespace) -> Dict:
+    w = a.workers
+    ports = free_ports(w)
+    servers = []
+    cpu0 = children_cpu_s()
     try:
         for i, port in enumerate(ports):
             servers.append(subprocess.Popen(
-                pinned(["iperf3", "-s", "-1", "-B", "127.0.0.1", "-p", str(port)],
-                       scpus[i % len(scpus)] if scpus else None),
+                pinned(["iperf3", "-s", "-1", "-B", "127.0.0.1", "-p", str(port)], nth_cpu(a.server_cpus, i)),
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         time.sleep(0.3)  # let the servers listen; a client that comes too early retries below
         clients = [subprocess.Popen(
             pinned(["iperf3", "-c", "127.0.0.1", "-p", str(port), "-t", str(a.seconds), "-J"],
-                   ccpus[i % len(ccpus)] if ccpus else None),
+                   nth_cpu(a.client_cpus, i)),
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True) for i, port in enumerate(ports)]
         bps = 0.0
         nbytes = 0
@@ -215,12 +235,8 @@ def run_iperf(a: argparse.Namespace) -> Dict:
         for s in servers:
             s.wait(timeout=30)
     finally:
-        for s in servers:
-            if s.poll() is None:
-                s.kill()
-                s.wait()
-    r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
+        kill_all(servers)
+    cpu = children_cpu_s() - cpu0
     return {"kind": "iperf3", "workers": w, "rep": a.rep, "bytes": nbytes, "gbytes_per_s": bps / 8e9,
             "cpu_s": cpu, "cpu_s_per_gb": cpu / (nbytes / 1e9) if nbytes else None}
 
@@ -228,25 +244,19 @@ def run_iperf(a: argparse.Namespace) -> Dict:
 def run_stream(a: argparse.Namespace) -> Dict:
     w = a.workers
     per = a.size // w
-    ccpus = a.client_cpus.split(",") if a.client_cpus else []
-    scpus = a.server_cpus.split(",") if a.server_cpus else []
-    ports = []
-    for _ in range(w):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            ports.append(s.getsockname()[1])
-    r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    ports = free_ports(w)
+    cpu0 = children_cpu_s()
     sinks: List[subprocess.Popen] = []
     try:
         for i, port in enumerate(ports):
             sinks.append(subprocess.Popen(
                 pinned([a.stream, "sink", "--addr", f"127.0.0.1:{port}", "--span", str(per)],
-                       scpus[i % len(scpus)] if scpus else None),
+                       nth_cpu(a.server_cpus, i)),
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         # A source retries its connect until its sink listens (10 s).
         srcs = [subprocess.Popen(
             pinned([a.stream, "source", "--addr", f"127.0.0.1:{port}", "--span", str(per), "--total", str(per),
-                    "--warmup", str(min(per, 256 << 20)), "--json"], ccpus[i % len(ccpus)] if ccpus else None),
+                    "--warmup", str(min(per, 256 << 20)), "--json"], nth_cpu(a.client_cpus, i)),
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i, port in enumerate(ports)]
         gbps = 0.0
         for c in srcs:
@@ -255,12 +265,8 @@ def run_stream(a: argparse.Namespace) -> Dict:
                 raise RuntimeError(f"kvp-tcp-stream source failed: {err[-500:]}")
             gbps += json.loads(next(l for l in out.splitlines() if l.startswith("{")))["gbps"]
     finally:
-        for s in sinks:
-            if s.poll() is None:
-                s.kill()
-            s.wait()
-    r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
+        kill_all(sinks)
+    cpu = children_cpu_s() - cpu0
     moved = per * w + min(per, 256 << 20) * w
     return {"kind": "stream", "workers": w, "rep": a.rep, "bytes": per * w, "gbytes_per_s": gbps / 8,
             "cpu_s": cpu, "cpu_s_per_gb": cpu / (moved / 1e9)}
